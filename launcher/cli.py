@@ -1,0 +1,61 @@
+"""`radiance`: the appliance's command line. Exit codes: see launcher/errors.py and README.md."""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from . import console, errors
+from .commands import build, check, down, gate, gateway, logs, status, up
+
+
+class _Group(click.Group):
+    """Turns every launcher error into one line and its exit code; tracebacks only with RADIANCE_DEBUG=1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except errors.LauncherError as exc:
+            if _debug():
+                raise
+            console.error(str(exc))
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            console.error("interrupted")
+            sys.exit(130)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
+            raise
+        except Exception as exc:  # an unexpected bug still gets one line, and a way to see more
+            if _debug():
+                raise
+            console.error(f"{type(exc).__name__}: {exc} (set RADIANCE_DEBUG=1 for the traceback)")
+            sys.exit(errors.RUNTIME_ERROR)
+
+
+def _debug() -> bool:
+    return os.environ.get("RADIANCE_DEBUG", "0").lower() in ("1", "true", "yes", "on")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="radiance", prog_name="radiance")
+def cli() -> None:
+    """RADIANCE: Qwen3-Next on vLLM with four performance patches, exposed only after its gate passes.
+
+    \b
+    Exit codes: 0 ok, 1 runtime error, 2 usage/profile error, 3 gate failed,
+                4 hardware incompatible, 5 endpoint unreachable.
+    """
+
+
+for module in (check, up, gate, status, logs, down, gateway, build):
+    cli.add_command(module.command)
+
+
+def main() -> None:
+    # click reports usage errors with exit code 2 already; keep that.
+    cli(prog_name="radiance")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""`radiance check PROFILE`: validate, probe, report per feature; no side effects."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import compat, console, errors
+from ._common import JSON_OPT, PROFILE_ARG, check_knobs, load
+
+
+def render(rep: compat.CompatReport) -> None:
+    rows = [[f.check, console.styled(f.status), f.detail] for f in rep.findings]
+    console.out.print(console.table(f"radiance check — {rep.profile} ({rep.runtime}, {rep.platform})",
+                                    ["check", "status", "detail"], rows))
+    verdict = "[green]compatible[/green]" if rep.compatible else "[red]incompatible[/red]"
+    console.out.print(f"verdict: {verdict}")
+
+
+@click.command("check")
+@PROFILE_ARG
+@JSON_OPT
+@click.option("--runtime", type=click.Choice(["local", "docker"]), default=None,
+              help="Check for this runtime instead of the profile's runtime.kind.")
+@click.option("--strict", is_flag=True, help="A feature that would be declined makes the profile incompatible.")
+def command(profile_path: str, as_json: bool, runtime: str | None, strict: bool) -> None:
+    """Validate PROFILE, probe the GPUs and report, per enabled feature, whether it can run here.
+
+    Exits 0 when compatible, 4 when not, 2 when the profile is invalid. PROFILE defaults to
+    $RADIANCE_PROFILE.
+    """
+    profile = load(profile_path)
+    check_knobs()
+    rep = compat.assess(profile, runtime=runtime)
+    if strict:
+        for f in rep.findings:
+            if f.check.startswith("feature ") and f.status == "warn":
+                f.status = "fail"
+    if as_json:
+        console.print_json(rep.to_dict())
+    else:
+        render(rep)
+    sys.exit(errors.OK if rep.compatible else errors.INCOMPATIBLE)

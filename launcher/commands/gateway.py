@@ -1,0 +1,31 @@
+"""`radiance gateway PROFILE --engine-url URL`: gate and expose an engine started elsewhere
+(compose's engine service); the same gateway and gate as `radiance up`."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..supervisor import UpOptions
+from ._common import PROFILE_ARG, check_knobs, load
+from .up import _run_foreground
+
+
+@click.command("gateway")
+@PROFILE_ARG
+@click.option("--engine-url", required=True, envvar="RADIANCE_ENGINE_URL",
+              help="Base URL of the running vLLM engine (env RADIANCE_ENGINE_URL).")
+@click.option("--host", default=None, help="Listen address (default: the profile's server.host).")
+@click.option("--port", type=int, default=None, envvar="RADIANCE_PORT", help="Listen port (env RADIANCE_PORT).")
+@click.option("--skip-gate", is_flag=True, help="Expose without running the gate (recorded, loud).")
+@click.option("--keep-serving-unready", is_flag=True, help="Stay up (ready 503) when the gate fails.")
+def command(profile_path: str, engine_url: str, host: str | None, port: int | None, skip_gate: bool,
+            keep_serving_unready: bool) -> None:
+    """Wait for the engine at ENGINE_URL, run PROFILE's gate, then proxy it (ready only after the gate)."""
+    profile = load(profile_path)
+    check_knobs()
+    server = profile.server.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})
+    profile = profile.model_copy(update={"server": server})
+    opts = UpOptions(runtime="external", platform="external", skip_gate=skip_gate,
+                     keep_serving_unready=keep_serving_unready, engine_url=engine_url)
+    sys.exit(_run_foreground(profile, profile_path, opts, quiet=True, gate_only=False))

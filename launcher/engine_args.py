@@ -1,0 +1,123 @@
+"""A validated profile turned into what the engine gets: vLLM server arguments and env.
+
+This is the whole contract between the launcher and the plugin: flags for vLLM, and
+``RADIANCE_*`` variables (declared in radiance/envs.py) for the patches.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .profile import BUILTIN_PREFIX, Profile
+
+# Secrets the engine may need (gated hub models); passed through, never logged or reported.
+PASSTHROUGH_SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+
+
+@dataclass
+class EngineConfig:
+    server_args: list[str]
+    env: dict[str, str]
+    model_dir: Path | None          # local directory when the model is on disk
+    secret_env: dict[str, str] = field(default_factory=dict)
+
+    def redacted_command(self) -> str:
+        return "python -m vllm.entrypoints.openai.api_server " + " ".join(self.server_args)
+
+
+def resolve_model(profile: Profile, cache_dir: Path, repo_root: Path) -> tuple[str, Path | None]:
+    """(what vLLM's --model gets, the local directory if there is one)."""
+    path = profile.model.path
+    if path.startswith(BUILTIN_PREFIX):
+        name = path[len(BUILTIN_PREFIX):]
+        if name == "tiny-qwen3next":
+            from . import tinymodel
+
+            model_dir = tinymodel.ensure(cache_dir)
+            return str(model_dir), model_dir
+        if name == "tiny-qwen3next-trained":
+            model_dir = repo_root / "models" / "tiny-qwen3next-trained"
+            return str(model_dir), model_dir
+    local = Path(path).expanduser()
+    if local.exists():
+        return str(local.resolve()), local.resolve()
+    return path, None  # a hub id; vLLM resolves it (HF cache)
+
+
+def speculative_config(profile: Profile) -> dict | None:
+    d = profile.drafter
+    if d.type == "none":
+        return None
+    cfg: dict = {"num_speculative_tokens": d.num_speculative_tokens}
+    if d.type == "mtp":
+        cfg["method"] = "mtp"
+    elif d.type == "dflash":
+        cfg["method"] = "dflash"
+        cfg["model"] = d.model
+    elif d.type == "ngram":
+        cfg["method"] = "ngram"
+        if d.prompt_lookup_max is not None:
+            cfg["prompt_lookup_max"] = d.prompt_lookup_max
+        if d.prompt_lookup_min is not None:
+            cfg["prompt_lookup_min"] = d.prompt_lookup_min
+    return cfg
+
+
+def radiance_env(profile: Profile, report_dir: Path) -> dict[str, str]:
+    f = profile.features
+    env = {
+        "RADIANCE_ENABLE": "1",
+        "RADIANCE_REPORT_DIR": str(report_dir),
+        "RADIANCE_DYNAMIC_DRAFT": "1" if f.dynamic_draft.enabled else "0",
+        "RADIANCE_W4_DRAFTER": "1" if f.w4_drafter.enabled else "0",
+        "RADIANCE_INT4_HEAD": "1" if f.int4_head.enabled else "0",
+        "RADIANCE_FP8_STREAM": "1" if f.fp8_stream.enabled else "0",
+    }
+    if f.dynamic_draft.enabled:
+        env["RADIANCE_DRAFT_TAU"] = repr(f.dynamic_draft.tau)
+        env["RADIANCE_DRAFT_SCHEDULE"] = f.dynamic_draft.schedule
+    return env
+
+
+def build(profile: Profile, *, platform: str, host: str, port: int, model_arg: str,
+          model_dir: Path | None, report_dir: Path, environ: dict[str, str] | None = None) -> EngineConfig:
+    environ = os.environ if environ is None else environ
+    m, p = profile.model, profile.parallel
+    args = ["--model", model_arg, "--served-model-name", profile.served_name(),
+            "--host", host, "--port", str(port),
+            "--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", str(p.pp)]
+    dtype = m.dtype
+    if platform == "cpu" and dtype == "auto":
+        dtype = "bfloat16"  # vLLM's GDN attention on CPU needs bf16
+    args += ["--dtype", dtype]
+    if m.max_model_len:
+        args += ["--max-model-len", str(m.max_model_len)]
+    if m.revision:
+        args += ["--revision", m.revision]
+    if m.quantization:
+        args += ["--quantization", m.quantization]
+    if m.trust_remote_code:
+        args.append("--trust-remote-code")
+    spec = speculative_config(profile)
+    if spec is not None:
+        args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+        if platform == "cpu":
+            args.append("--no-enable-prefix-caching")  # MTP on CPU requires it off (vLLM 0.32)
+    for key, value in profile.vllm_args.items():
+        if value is True:
+            args.append(f"--{key}")
+        elif value is False:
+            args.append(f"--no-{key}")
+        elif value is not None:
+            args += [f"--{key}", str(value)]
+
+    env = dict(profile.env)
+    env.update(radiance_env(profile, report_dir))
+    if platform == "cpu":
+        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        if p.tp * p.pp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(p.tp * p.pp))
+    secrets = {k: environ[k] for k in PASSTHROUGH_SECRETS if environ.get(k)}
+    return EngineConfig(server_args=args, env=env, model_dir=model_dir, secret_env=secrets)

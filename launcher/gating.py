@@ -1,0 +1,38 @@
+"""The gate as `radiance up` uses it: run the profile's checks against the engine, save the
+report, and hand back pass/fail with a one-line reason."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import paths
+from .profile import Profile
+
+
+@dataclass
+class GateOutcome:
+    passed: bool
+    reason: str
+    report_path: str | None = None
+    summary: dict = field(default_factory=dict)
+
+
+def summarize(report) -> dict:
+    return {"passed": report.passed, "reason": report.reason,
+            "checks": [{"name": c.name, "status": c.status, "reason": c.reason} for c in report.checks]}
+
+
+async def run(profile: Profile, engine_url: str, *, context: dict,
+              progress: Callable[[str, str], None] | None = None) -> GateOutcome:
+    from .gate import report as gate_report
+    from .gate.runner import run_gate
+
+    def _run():
+        return run_gate(profile.gate, engine_url, model=profile.served_name(), api_key=None,
+                        progress=False, context=context)
+
+    report = await asyncio.to_thread(_run)
+    path = gate_report.save(report, paths.reports_dir())
+    return GateOutcome(passed=report.passed, reason=report.reason or "", report_path=str(path),
+                       summary=summarize(report))

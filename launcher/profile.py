@@ -1,0 +1,331 @@
+"""The profile: one YAML file that says what to serve and how, validated before anything runs.
+
+Unknown keys are rejected, cross-field rules carry their reason, and every error is turned
+into one line ``FILE:LINE: FIELD: problem — fix``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .gate.config import GateConfig
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_MODELS = ("tiny-qwen3next", "tiny-qwen3next-trained")
+
+
+class ProfileError(Exception):
+    """A profile that cannot be used; ``lines`` are complete one-line messages."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__(lines[0] if lines else "invalid profile")
+        self.lines = lines
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class ModelSpec(_Strict):
+    path: str = Field(description="local directory, hub id (org/name) or builtin:<name>")
+    revision: Optional[str] = None
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    max_model_len: Optional[int] = Field(default=None, ge=16)
+    served_name: Optional[str] = None
+    quantization: Optional[Literal["fp8"]] = None
+    fp8_lm_head: bool = False
+    trust_remote_code: bool = False
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty — fix: a local directory, a hub id or builtin:tiny-qwen3next")
+        if v.startswith(BUILTIN_PREFIX) and v[len(BUILTIN_PREFIX):] not in BUILTIN_MODELS:
+            raise ValueError(f"unknown builtin model {v!r} — fix: one of "
+                             + ", ".join(BUILTIN_PREFIX + m for m in BUILTIN_MODELS))
+        return v
+
+
+class Parallel(_Strict):
+    tp: int = Field(default=1, ge=1, le=64)
+    pp: int = Field(default=1, ge=1, le=64)
+
+
+class Drafter(_Strict):
+    type: Literal["none", "mtp", "dflash", "ngram"] = "none"
+    model: Optional[str] = None
+    num_speculative_tokens: int = Field(default=2, ge=1, le=16)
+    # ngram only
+    prompt_lookup_max: Optional[int] = Field(default=None, ge=1)
+    prompt_lookup_min: Optional[int] = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _needs_model(self) -> "Drafter":
+        if self.type == "dflash" and not self.model:
+            raise ValueError("drafter.type dflash needs drafter.model — fix: set drafter.model to the "
+                             "DFlash drafter's path or hub id")
+        if self.type in ("mtp", "none", "ngram") and self.model:
+            raise ValueError(f"drafter.model is only used by dflash, not {self.type} — fix: remove drafter.model")
+        return self
+
+
+class DynamicDraft(_Strict):
+    enabled: bool = False
+    tau: float = Field(default=0.28, ge=0.0, le=1.0)
+    schedule: str = "1:8,2:7,4:6,8:5,16:4"
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str) -> str:
+        # Same grammar as RADIANCE_DRAFT_SCHEDULE; parsed by the knob parser's rules.
+        v = v.strip()
+        if not v:
+            return v
+        sizes = []
+        for item in v.split(","):
+            m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", item)
+            if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+                raise ValueError(f"entry {item!r} is not 'batch_size:max_depth' — fix: e.g. \"1:8,2:7,4:6\"")
+            sizes.append(int(m.group(1)))
+        if sizes != sorted(set(sizes)):
+            raise ValueError("batch sizes must be strictly increasing — fix: e.g. \"1:8,2:7,4:6\"")
+        return ",".join(s.strip().replace(" ", "") for s in v.split(","))
+
+
+class Toggle(_Strict):
+    enabled: bool = False
+
+
+def _bool_shorthand(v: Any) -> Any:
+    return {"enabled": v} if isinstance(v, bool) else v
+
+
+class Features(_Strict):
+    dynamic_draft: DynamicDraft = DynamicDraft()
+    w4_drafter: Toggle = Toggle()
+    fp8_stream: Toggle = Toggle()
+    int4_head: Toggle = Toggle()
+
+    _shorthand = field_validator("dynamic_draft", "w4_drafter", "fp8_stream", "int4_head",
+                                 mode="before")(classmethod(lambda cls, v: _bool_shorthand(v)))
+
+    def enabled_names(self) -> list[str]:
+        return [n for n in ("dynamic_draft", "w4_drafter", "fp8_stream", "int4_head")
+                if getattr(self, n).enabled]
+
+
+class Runtime(_Strict):
+    kind: Literal["local", "docker"] = "local"
+    platform: Literal["auto", "rocm", "cuda", "cpu"] = "auto"
+    image: Optional[str] = None
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+
+
+class Server(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    api_key_env: Optional[str] = None
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not ENV_NAME.match(v):
+            raise ValueError(f"{v!r} is not an environment variable name — fix: the NAME of the "
+                             "variable that holds the key (e.g. RADIANCE_API_KEY), never the key")
+        return v
+
+
+class Profile(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    description: str = ""
+    model: ModelSpec
+    parallel: Parallel = Parallel()
+    drafter: Drafter = Drafter()
+    features: Features = Features()
+    runtime: Runtime = Runtime()
+    server: Server = Server()
+    gate: GateConfig = GateConfig()
+    vllm_args: dict[str, Union[str, int, float, bool, None]] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("vllm_args")
+    @classmethod
+    def _vllm_args(cls, v: dict) -> dict:
+        for key in v:
+            if key.startswith("-") or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", key):
+                raise ValueError(f"{key!r} — fix: write flags without dashes, e.g. enforce-eager: true")
+            if key in _MANAGED_FLAGS:
+                raise ValueError(f"{key!r} is set from the profile itself — fix: use {_MANAGED_FLAGS[key]}")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict) -> dict:
+        for key in v:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+            if key.startswith("RADIANCE_"):
+                raise ValueError(f"{key} is set from the profile's features — fix: remove it from env")
+            if _looks_secret(key):
+                raise ValueError(f"{key} looks like a secret and must not be written in a profile — fix: "
+                                 "export it in the environment of `radiance up`; it is passed through")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "Profile":
+        f, d, p = self.features, self.drafter, self.parallel
+        if f.dynamic_draft.enabled and d.type != "mtp":
+            raise _Rule("features.dynamic_draft", f"needs an mtp drafter (drafter.type is {d.type!r}) — fix: "
+                        "set drafter.type: mtp or turn dynamic_draft off")
+        if f.w4_drafter.enabled and d.type not in ("mtp", "dflash"):
+            raise _Rule("features.w4_drafter", f"needs a drafter with linears to convert (mtp or dflash; "
+                        f"drafter.type is {d.type!r}) — fix: choose such a drafter or turn w4_drafter off")
+        if f.fp8_stream.enabled and (p.tp < 2 or p.pp != 1):
+            raise _Rule("features.fp8_stream", f"needs parallel.tp > 1 and parallel.pp == 1 (tp={p.tp}, "
+                        f"pp={p.pp}) — fix: run with tp >= 2 and pp 1, or turn fp8_stream off")
+        if f.int4_head.enabled and self.model.fp8_lm_head:
+            raise _Rule("features.int4_head", "excludes an fp8 lm_head (model.fp8_lm_head is true) — fix: "
+                        "turn one of them off")
+        if self.gate.acceptance.enabled and d.type == "none" and _acceptance_thresholds_set(self.gate):
+            raise _Rule("gate.acceptance", "acceptance thresholds need a drafter — fix: set drafter.type or "
+                        "remove the acceptance thresholds")
+        return self
+
+    # -- derived -----------------------------------------------------------------------
+    def served_name(self) -> str:
+        return self.model.served_name or self.name
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+_MANAGED_FLAGS = {
+    "model": "model.path", "tensor-parallel-size": "parallel.tp", "pipeline-parallel-size": "parallel.pp",
+    "speculative-config": "drafter", "port": "server.port", "host": "server.host",
+    "served-model-name": "model.served_name", "dtype": "model.dtype", "max-model-len": "model.max_model_len",
+    "api-key": "server.api_key_env",
+}
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "APIKEY")
+
+
+def _looks_secret(name: str) -> bool:
+    return any(w in name.upper() for w in _SECRET_WORDS)
+
+
+def _acceptance_thresholds_set(gate: GateConfig) -> bool:
+    a = gate.acceptance
+    return any(x is not None for x in (a.min_mean_acceptance_length, a.min_acceptance_rate, a.min_per_position))
+
+
+class _Rule(ValueError):
+    """A cross-field rule; carries the field it is about (pydantic wraps it as a model error)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"@{field}@ {message}")
+
+
+# --------------------------------------------------------------------------------------
+# Loading: YAML with line numbers, pydantic errors turned into one line each.
+
+def _node_line(root: yaml.Node | None, loc: tuple) -> int | None:
+    """Line (1-based) of the deepest node in ``loc`` that exists."""
+    node, line = root, (root.start_mark.line + 1 if root is not None else None)
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if key.value == part:
+                    line = key.start_mark.line + 1
+                    node = value
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+_FIXES = {
+    "extra_forbidden": "remove it (see profiles/README.md for the keys allowed here)",
+    "missing": "add it",
+    "int_parsing": "write a whole number",
+    "int_type": "write a whole number",
+    "float_parsing": "write a number",
+    "bool_parsing": "write true or false",
+    "bool_type": "write true or false",
+    "string_type": "write a string",
+    "dict_type": "write a mapping (key: value lines)",
+    "model_type": "write a mapping (key: value lines)",
+    "literal_error": "use one of the values listed",
+}
+
+
+def _format_error(path: str, root, err: dict) -> str:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    m = re.match(r"@([\w.]+)@ (.*)", msg, re.S)
+    if m:  # cross-field rule: it names its own field
+        loc = tuple(m.group(1).split("."))
+        msg = m.group(2)
+    field = ".".join(str(p) for p in loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "greater_than_equal":
+        msg = f"must be >= {err['ctx']['ge']}, got {err.get('input')!r}"
+    elif err["type"] == "less_than_equal":
+        msg = f"must be <= {err['ctx']['le']}, got {err.get('input')!r}"
+    fix = _FIXES.get(err["type"])
+    if err["type"] in ("greater_than_equal", "less_than_equal"):
+        fix = "change the value to lie in range"
+    line = _node_line(root, loc)
+    where = f"{path}:{line}" if line else path
+    text = f"{where}: {field}: {msg}"
+    if fix and "fix:" not in msg:
+        text += f" — fix: {fix}"
+    return " ".join(text.split())
+
+
+def parse_profile(text: str, path: str = "<profile>") -> Profile:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ProfileError([f"{where}: (yaml): {problem} — fix: correct the YAML syntax "
+                            "(indentation, colons, quotes)"]) from None
+    if data is None:
+        raise ProfileError([f"{path}:1: (top level): the profile is empty — fix: start from profiles/tiny-cpu.yaml"])
+    if not isinstance(data, dict):
+        raise ProfileError([f"{path}:1: (top level): expected a mapping of keys, got "
+                            f"{type(data).__name__} — fix: start from profiles/tiny-cpu.yaml"])
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError([_format_error(path, root, e) for e in exc.errors()]) from None
+
+
+def load_profile(path: str | Path) -> Profile:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ProfileError([f"{p}: file not found — fix: give the path of a profile, e.g. "
+                            "profiles/tiny-cpu.yaml"]) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ProfileError([f"{p}: cannot read ({exc.__class__.__name__}) — fix: give a readable YAML file"]) from None
+    return parse_profile(text, str(p))

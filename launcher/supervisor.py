@@ -1,0 +1,265 @@
+"""One deployment's life: engine up, gateway up, gate, ready, drain, down.
+
+Runs in the foreground of `radiance up` or, with --detach, in a background process of its
+own; either way it writes the deployment state that `status`/`logs`/`down` read.
+"""
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import aiohttp
+
+from . import engine_args, errors, gating, paths
+from .gateway import Gateway, GatewayState
+from .profile import Profile
+from .runtime.base import EngineHandle, EngineSpec
+from .state import DeploymentState
+
+log = logging.getLogger("radiance.supervisor")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def read_patch_reports(report_dir: Path) -> dict:
+    """Merge the per-process patch reports the plugin wrote: feature -> outcome."""
+    merged: dict[str, dict] = {}
+    for f in sorted(glob.glob(str(report_dir / "patches-*.json"))):
+        try:
+            data = json.loads(Path(f).read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        for p in data.get("patches", []):
+            prev = merged.get(p["patch"])
+            # "applied" anywhere wins over "disabled"; a runtime failure anywhere wins over all.
+            rank = {"disabled": 0, "declined": 1, "applied": 2, "failed-at-runtime": 3}
+            if prev is None or rank.get(p["status"], 0) > rank.get(prev["status"], 0):
+                merged[p["patch"]] = p
+    return {"patches": list(merged.values())}
+
+
+@dataclass
+class UpOptions:
+    runtime: str
+    platform: str
+    skip_gate: bool = False
+    keep_serving_unready: bool = False
+    image: str | None = None
+    engine_url: str | None = None       # runtime "external": an engine someone else runs
+
+
+class Supervisor:
+    def __init__(self, profile: Profile, profile_path: str, opts: UpOptions,
+                 progress: Callable[[str, str], None] | None = None):
+        self.profile = profile
+        self.profile_path = profile_path
+        self.opts = opts
+        self.progress = progress or (lambda phase, detail: None)
+        self.name = profile.name
+        self.dir = paths.deployment_dir(self.name)
+        self.gw_state = GatewayState()
+        self.handle: EngineHandle | None = None
+        self.runtime = None
+        self.state: DeploymentState | None = None
+        self._stop = asyncio.Event()
+        self.exit_code = errors.OK
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _phase(self, phase: str, reason: str = "", ready: bool = False) -> None:
+        self.gw_state.set(phase, reason, ready)
+        if self.state is not None:
+            self.state.phase, self.state.reason, self.state.ready = phase, reason, ready
+            self.state.save()
+        self.progress(phase, reason)
+
+    def _api_key(self) -> str | None:
+        env_name = self.profile.server.api_key_env
+        if not env_name:
+            return None
+        key = os.environ.get(env_name)
+        if not key:
+            raise errors.UsageError(f"server.api_key_env names {env_name}, which is not set — fix: "
+                                    f"export {env_name}=<key> before `radiance up`")
+        return key
+
+    def _make_runtime(self):
+        if self.opts.runtime == "local":
+            from .runtime.local import LocalRuntime
+
+            return LocalRuntime()
+        if self.opts.runtime == "docker":
+            from .runtime.docker import DockerRuntime
+
+            return DockerRuntime()
+        return None
+
+    async def _wait_engine(self, url: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+            while True:
+                if self.handle is not None and not self.runtime.alive(self.handle):
+                    raise errors.LauncherError(
+                        f"the engine exited while loading; see `radiance logs {self.name}` "
+                        f"({self.state.engine_log if self.state else ''})")
+                try:
+                    async with s.get(url + "/health") as r:
+                        if r.status == 200:
+                            return
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise errors.LauncherError(
+                        f"the engine was not healthy after {timeout:.0f}s — fix: raise "
+                        f"runtime.startup_timeout_s or see `radiance logs {self.name}`")
+                self._phase("loading", f"engine loading, {time.monotonic() - t0:.0f}s — "
+                                       f"{self._last_log_line()}")
+                if self._stop.is_set():
+                    raise asyncio.CancelledError
+                await asyncio.sleep(1.0)
+
+    def _last_log_line(self) -> str:
+        if self.state is None or not self.state.engine_log:
+            return ""
+        try:
+            with open(self.state.engine_log, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 4096))
+                lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        return lines[-1][-160:] if lines else ""
+
+    # -- the run ---------------------------------------------------------------------------
+    async def run(self) -> int:
+        p = self.profile
+        host, public_port = p.server.host, p.server.port
+        api_key = self._api_key()
+        if port_in_use(host, public_port):
+            raise errors.LauncherError(f"{host}:{public_port} is already in use — fix: stop what holds it "
+                                       f"(`radiance status`) or set server.port in the profile")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        report_dir = self.dir / "patches"
+        for old in report_dir.glob("patches-*.json"):
+            old.unlink()
+        engine_log = self.dir / "engine.log"
+        if engine_log.exists():
+            engine_log.replace(self.dir / "engine.log.1")
+
+        if self.opts.runtime == "external":
+            engine_url = self.opts.engine_url.rstrip("/")
+        else:
+            engine_host = "127.0.0.1"
+            engine_port = free_port(engine_host)
+            engine_url = f"http://{engine_host}:{engine_port}"
+
+        self.state = DeploymentState(
+            name=self.name, profile_path=str(Path(self.profile_path).resolve()),
+            profile_hash=p.fingerprint(), runtime=self.opts.runtime,
+            gateway_url=f"http://{host}:{public_port}", engine_url=engine_url,
+            supervisor_pid=os.getpid(), engine_log=str(engine_log), report_dir=str(report_dir),
+            supervisor_log=str(self.dir / "supervisor.log"), api_key_env=p.server.api_key_env)
+        self.state.save()
+
+        drain = float(os.environ.get("RADIANCE_DRAIN_TIMEOUT", "30"))
+        gateway = Gateway(engine_url, self.gw_state, api_key=api_key, drain_timeout=drain)
+        await gateway.start(host, public_port)
+        self._phase("starting", "gateway up; preparing the engine")
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+
+        try:
+            if self.opts.runtime != "external":
+                self._phase("starting", "resolving the model (a builtin model is generated on first use)")
+                model_arg, model_dir = await asyncio.to_thread(
+                    engine_args.resolve_model, p, paths.cache_home(), paths.REPO_ROOT)
+                platform = self.opts.platform
+                cfg = engine_args.build(p, platform=platform, host="0.0.0.0" if self.opts.runtime == "docker"
+                                        else "127.0.0.1", port=engine_port, model_arg=model_arg,
+                                        model_dir=model_dir, report_dir=report_dir)
+                spec = EngineSpec(deployment=self.name, server_args=cfg.server_args, env=cfg.env,
+                                  host="127.0.0.1", port=engine_port, platform=platform,
+                                  log_path=engine_log, report_dir=report_dir, model_dir=model_dir,
+                                  image=self.opts.image, secret_env=cfg.secret_env)
+                self.runtime = self._make_runtime()
+                with open(engine_log, "a") as f:
+                    f.write(f"[radiance] {cfg.redacted_command()}\n")
+                self.handle = self.runtime.start(spec)
+                self.state.engine_ident = self.handle.ident
+                self.state.save()
+            self._phase("loading", "engine loading")
+            await self._wait_engine(engine_url, p.runtime.startup_timeout_s)
+            patches = read_patch_reports(report_dir)
+            self.gw_state.info.update(patches)
+            self.gw_state.info["profile"] = {"name": p.name, "hash": p.fingerprint(),
+                                             "features": p.features.enabled_names()}
+
+            if self.opts.skip_gate:
+                log.warning("GATE SKIPPED (--skip-gate): the endpoint is exposed without acceptance checks")
+                self.gw_state.info["gate"] = {"skipped": True, "by": "--skip-gate"}
+                self._phase("ready", "gate skipped by --skip-gate", ready=True)
+            else:
+                self._phase("gating", "running the gate")
+                outcome = await gating.run(p, engine_url, context={
+                    "profile": p.name, "profile_hash": p.fingerprint(), "patches": patches["patches"]},
+                    progress=self.progress)
+                self.state.gate_report = outcome.report_path or ""
+                self.gw_state.info["gate"] = outcome.summary
+                if outcome.passed:
+                    self._phase("ready", "gate passed", ready=True)
+                else:
+                    self.exit_code = errors.GATE_FAILED
+                    self._phase("unready", f"gate failed: {outcome.reason}")
+                    if not self.opts.keep_serving_unready:
+                        return self.exit_code
+            await self._serve_until_stopped()
+            return self.exit_code
+        except asyncio.CancelledError:
+            return self.exit_code
+        except errors.LauncherError as exc:
+            self._phase("failed", str(exc))
+            raise
+        finally:
+            await gateway.drain()
+            await gateway.stop()
+            if self.handle is not None:
+                self._phase("stopping", "stopping the engine")
+                await asyncio.to_thread(self.runtime.stop, self.handle, max(drain, 10.0))
+            if self.state is not None:
+                self.state.exit_code = self.exit_code
+                self._phase("stopped", self.gw_state.reason)
+
+    async def _serve_until_stopped(self) -> None:
+        while not self._stop.is_set():
+            if self.handle is not None and not self.runtime.alive(self.handle):
+                self.exit_code = errors.RUNTIME_ERROR
+                self._phase("failed", "the engine exited unexpectedly")
+                return
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass

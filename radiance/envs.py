@@ -1,0 +1,194 @@
+"""Every ``RADIANCE_*`` knob, declared once: name, type, default, doc.
+
+This module imports only the standard library: the launcher reads it too (it is the
+contract between the two packages), and it must load before torch or vLLM do.
+
+Read a knob with ``envs.get("RADIANCE_DRAFT_TAU")`` or ``envs.RADIANCE_DRAFT_TAU``; both
+parse and validate on every call, so a test that sets the environment sees the change.
+A bad value raises ``KnobError`` whose message names the variable, the value and the fix.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+PREFIX = "RADIANCE_"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class KnobError(ValueError):
+    """A RADIANCE_* variable holds a value that cannot be used."""
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise KnobError(f"{name}={raw!r}: expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _parse_float(name: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise KnobError(f"{name}={raw!r}: expected a number, e.g. {name}=0.28") from None
+
+
+def _parse_int(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise KnobError(f"{name}={raw!r}: expected an integer") from None
+
+
+def _parse_str(name: str, raw: str) -> str:
+    return raw
+
+
+def parse_schedule(name: str, raw: str) -> tuple[tuple[int, int], ...]:
+    """``"1:8,2:7,4:6"`` -> ((1, 8), (2, 7), (4, 6)); empty -> () (no cap)."""
+    raw = raw.strip()
+    if not raw:
+        return ()
+    pairs = []
+    for item in raw.split(","):
+        try:
+            bs_s, depth_s = item.split(":")
+            bs, depth = int(bs_s), int(depth_s)
+        except ValueError:
+            raise KnobError(
+                f"{name}={raw!r}: entry {item!r} is not 'batch_size:max_depth', "
+                f"e.g. {name}=1:8,2:7,4:6"
+            ) from None
+        if bs < 1 or depth < 1:
+            raise KnobError(f"{name}={raw!r}: batch sizes and depths must be >= 1 (entry {item!r})")
+        pairs.append((bs, depth))
+    sizes = [bs for bs, _ in pairs]
+    if sizes != sorted(set(sizes)):
+        raise KnobError(f"{name}={raw!r}: batch sizes must be strictly increasing")
+    return tuple(pairs)
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: str
+    parse: Callable[[str, str], Any]
+    doc: str
+    choices: tuple[str, ...] = ()
+    check: Callable[[Any], str | None] | None = None  # returns an error text or None
+
+    def read(self, environ: dict[str, str] | None = None) -> Any:
+        env = os.environ if environ is None else environ
+        raw = env.get(self.name, self.default)
+        if self.choices and raw not in self.choices:
+            raise KnobError(f"{self.name}={raw!r}: expected one of {', '.join(self.choices)}")
+        value = self.parse(self.name, raw)
+        if self.check is not None:
+            problem = self.check(value)
+            if problem:
+                raise KnobError(f"{self.name}={raw!r}: {problem}")
+        return value
+
+
+def _unit_interval(value: float) -> str | None:
+    return None if 0.0 <= value <= 1.0 else "must lie in [0, 1]"
+
+
+def _positive(value: int) -> str | None:
+    return None if value > 0 else "must be > 0"
+
+
+_KNOBS = (
+    # --- plugin-wide -------------------------------------------------------------------
+    Knob("RADIANCE_ENABLE", "1", parse_bool,
+         "Master switch of the vLLM plugin; 0 leaves vLLM entirely stock."),
+    Knob("RADIANCE_REPORT_DIR", "", _parse_str,
+         "Directory where each vLLM process writes its patch report (applied/declined) as JSON; "
+         "empty: no report file."),
+    Knob("RADIANCE_LOG_LEVEL", "INFO", _parse_str, "Log level of the radiance logger.",
+         choices=("DEBUG", "INFO", "WARNING", "ERROR")),
+    Knob("RADIANCE_DEBUG", "0", parse_bool,
+         "Show Python tracebacks from the launcher CLI instead of one-line errors."),
+    # --- dynamic-draft -----------------------------------------------------------------
+    Knob("RADIANCE_DYNAMIC_DRAFT", "0", parse_bool,
+         "Per-slot MTP draft-depth controller; 0 is byte-identical stock MTP."),
+    Knob("RADIANCE_DRAFT_TAU", "0.28", _parse_float,
+         "Keep drafting while the running product of top-1 draft confidences stays >= tau.",
+         check=_unit_interval),
+    Knob("RADIANCE_DRAFT_SCHEDULE", "1:8,2:7,4:6,8:5,16:4", parse_schedule,
+         "Batch-size schedule 'bs:max_depth,...' capping serial MTP forwards (carry-forward); "
+         "empty disables the cap."),
+    # --- w4-drafter / int4-head --------------------------------------------------------
+    Knob("RADIANCE_W4_DRAFTER", "0", parse_bool,
+         "Quantise the drafter's linears to 4-bit (W4A16) at load; lossless for the target."),
+    Knob("RADIANCE_INT4_HEAD", "0", parse_bool,
+         "Quantise the target's lm_head to 4-bit (W4A16) after load; changes numerics."),
+    Knob("RADIANCE_W4_GROUP_SIZE", "128", _parse_int,
+         "Group size along K of the 4-bit quantiser.", check=_positive),
+    # --- fp8-stream --------------------------------------------------------------------
+    Knob("RADIANCE_FP8_STREAM", "0", parse_bool,
+         "fp8 residual-stream contract with fused add + RMSNorm + quant epilogues (TP>1)."),
+    # --- launcher / appliance ----------------------------------------------------------
+    Knob("RADIANCE_HOME", "", _parse_str,
+         "State directory of the launcher (deployments, logs, reports); empty: "
+         "$XDG_STATE_HOME/radiance or ~/.local/state/radiance."),
+    Knob("RADIANCE_CACHE_DIR", "", _parse_str,
+         "Cache of generated test models and other downloads; empty: "
+         "$XDG_CACHE_HOME/radiance or ~/.cache/radiance."),
+    Knob("RADIANCE_PROFILE", "profiles/tiny-cpu.yaml", _parse_str,
+         "Profile used by compose.yaml and by commands run without a PROFILE argument."),
+    Knob("RADIANCE_PORT", "8000", _parse_int, "Public port of the gateway.", check=_positive),
+    Knob("RADIANCE_DRAIN_TIMEOUT", "30", _parse_float,
+         "Seconds the gateway waits for in-flight requests on shutdown.",
+         check=lambda v: None if v >= 0 else "must be >= 0"),
+)
+
+KNOBS: dict[str, Knob] = {k.name: k for k in _KNOBS}
+
+
+def get(name: str, environ: dict[str, str] | None = None) -> Any:
+    try:
+        knob = KNOBS[name]
+    except KeyError:
+        raise KeyError(f"{name} is not a declared RADIANCE_* knob (see radiance/envs.py)") from None
+    return knob.read(environ)
+
+
+def validate_all(environ: dict[str, str] | None = None) -> list[str]:
+    """Every problem with the RADIANCE_* environment: bad values, and unknown names (warned)."""
+    env = os.environ if environ is None else environ
+    problems = []
+    for knob in _KNOBS:
+        try:
+            knob.read(env)
+        except KnobError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def unknown_names(environ: dict[str, str] | None = None) -> list[str]:
+    env = os.environ if environ is None else environ
+    return sorted(n for n in env if n.startswith(PREFIX) and n not in KNOBS)
+
+
+def warn_unknown(environ: dict[str, str] | None = None) -> None:
+    for name in unknown_names(environ):
+        warnings.warn(f"{name} is set but is not a RADIANCE_* knob; it is ignored "
+                      "(known knobs are listed in radiance/envs.py)", stacklevel=2)
+
+
+def __getattr__(name: str) -> Any:
+    if name in KNOBS:
+        return KNOBS[name].read()
+    raise AttributeError(name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(KNOBS))

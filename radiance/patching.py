@@ -1,0 +1,252 @@
+"""The patch registry: how radiance changes vLLM, and how it refuses to.
+
+A ``Patch`` names the feature it belongs to, the vLLM attributes it hooks (dotted paths,
+checked by presence before anything is touched), the vLLM versions it was written for,
+and the process it must run in. ``install()`` either applies the patch or declines it
+with one log line; it never raises. Replaced attributes keep the original reachable as
+``_orig_<attr>`` on their owner and can be reverted (tests do).
+
+A replacement that raises at run time should be wrapped with ``fail_closed``: the first
+exception latches the patch off for the rest of the process and the original runs.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import envs
+
+logger = logging.getLogger("radiance")
+
+# The vLLM versions the hooks were written against (inclusive lower, exclusive upper).
+SUPPORTED_VLLM = ("0.32.0", "0.33.0")
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split("+")[0].split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def version_in_range(version: str, lo: str, hi: str) -> bool:
+    return _version_tuple(lo) <= _version_tuple(version) < _version_tuple(hi)
+
+
+def resolve(path: str) -> tuple[Any, str, Any]:
+    """``"pkg.mod.Class.attr"`` -> (owner, "attr", value). Raises LookupError if absent."""
+    parts = path.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:split])
+        try:
+            obj = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        except Exception as exc:  # a module that fails to import is a missing hook too
+            raise LookupError(f"{module_name} failed to import: {exc}") from exc
+        owner = obj
+        rest = parts[split:]
+        for name in rest[:-1]:
+            if not hasattr(owner, name):
+                raise LookupError(f"{path}: {'.'.join(parts[:parts.index(name)])} has no {name}")
+            owner = getattr(owner, name)
+        attr = rest[-1]
+        if not hasattr(owner, attr):
+            raise LookupError(f"{path}: hook point missing")
+        return owner, attr, getattr(owner, attr)
+    raise LookupError(f"{path}: no importable module")
+
+
+_INHERITED = object()
+
+
+@dataclass
+class Outcome:
+    patch: str
+    feature: str
+    status: str  # "applied" | "declined" | "disabled" | "failed-at-runtime"
+    reason: str = ""
+
+
+class Patch:
+    """Subclass per patched vLLM area. Override ``hook_points`` and ``apply``."""
+
+    name: str = ""
+    feature: str = ""  # profile feature it belongs to; "" = always on with the plugin
+    hook_points: tuple[str, ...] = ()
+    vllm_range: tuple[str, str] = SUPPORTED_VLLM
+    # "any": every process; "worker": only where the model runs (GPU touched)
+    where: str = "any"
+    enable_knob: str | None = None
+
+    def __init__(self) -> None:
+        self._replaced: list[tuple[Any, str, Any]] = []
+        self.applied = False
+        self.latched_off = False
+        self.latch_reason = ""
+
+    # -- to override -------------------------------------------------------------------
+    def enabled(self) -> bool:
+        return True if self.enable_knob is None else bool(envs.get(self.enable_knob))
+
+    def guard(self) -> str | None:
+        """Extra preconditions; return a reason to decline, or None."""
+        return None
+
+    def apply(self) -> None:
+        raise NotImplementedError
+
+    # -- machinery ---------------------------------------------------------------------
+    def replace(self, owner: Any, attr: str, new: Any) -> None:
+        orig = getattr(owner, attr)
+        # An inherited attribute is restored by deleting ours, not by pinning the parent's on the child.
+        own = attr in getattr(owner, "__dict__", {})
+        setattr(owner, f"_orig_{attr}", orig)
+        setattr(owner, attr, new)
+        self._replaced.append((owner, attr, orig if own else _INHERITED))
+
+    def revert(self) -> None:
+        for owner, attr, orig in reversed(self._replaced):
+            if orig is _INHERITED:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, orig)
+            try:
+                delattr(owner, f"_orig_{attr}")
+            except AttributeError:
+                pass
+        self._replaced.clear()
+        self.applied = False
+
+    def check(self, vllm_version: str | None) -> str | None:
+        return self.check_static(vllm_version) or self.guard()
+
+    def check_static(self, vllm_version: str | None) -> str | None:
+        """Version range and hook points only: what a capability report can know."""
+        if vllm_version is None:
+            return "vLLM is not importable"
+        lo, hi = self.vllm_range
+        if not version_in_range(vllm_version, lo, hi):
+            return f"vLLM {vllm_version} is outside the supported range [{lo}, {hi})"
+        for path in self.hook_points:
+            try:
+                resolve(path)
+            except LookupError as exc:
+                return f"hook point {path} missing ({exc})"
+        return None
+
+    def latch_off(self, reason: str) -> None:
+        if not self.latched_off:
+            self.latched_off = True
+            self.latch_reason = reason
+            logger.warning("radiance: %s latched off at run time, stock vLLM from now: %s",
+                           self.feature or self.name, reason)
+            _REPORT.record(Outcome(self.name, self.feature, "failed-at-runtime", reason))
+
+    def install(self, vllm_version: str | None) -> Outcome:
+        if self.applied:
+            return Outcome(self.name, self.feature, "applied", "already applied")
+        if not self.enabled():
+            return Outcome(self.name, self.feature, "disabled")
+        reason = self.check(vllm_version)
+        if reason is None:
+            try:
+                self.apply()
+            except Exception as exc:  # fail closed: undo whatever was done
+                self.revert()
+                reason = f"apply raised {type(exc).__name__}: {exc}"
+        if reason is not None:
+            logger.warning("radiance: declined %s (%s): %s", self.feature or self.name, self.name, reason)
+            return Outcome(self.name, self.feature, "declined", reason)
+        self.applied = True
+        logger.info("radiance: replaced %s for %s", ", ".join(self.hook_points) or self.name,
+                    self.feature or self.name)
+        return Outcome(self.name, self.feature, "applied")
+
+
+def fail_closed(patch: Patch, original: Callable) -> Callable:
+    """Decorator for a replacement: on its first exception the patch latches off and the
+    original runs from then on (for that call too)."""
+
+    def deco(replacement: Callable) -> Callable:
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            if patch.latched_off:
+                return original(*args, **kwargs)
+            try:
+                return replacement(*args, **kwargs)
+            except Exception as exc:
+                patch.latch_off(f"{type(exc).__name__}: {exc}")
+                return original(*args, **kwargs)
+
+        return wrapper
+
+    return deco
+
+
+class Report:
+    """What this process did; written to RADIANCE_REPORT_DIR/<role>-<pid>.json."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, Outcome] = {}
+        self._lock = threading.Lock()
+
+    def record(self, outcome: Outcome) -> None:
+        with self._lock:
+            self.outcomes[outcome.patch] = outcome
+        self.write()
+
+    def as_dict(self) -> dict:
+        return {
+            "pid": os.getpid(),
+            "patches": [o.__dict__ for o in self.outcomes.values()],
+        }
+
+    def write(self) -> None:
+        try:
+            directory = envs.get("RADIANCE_REPORT_DIR")
+        except envs.KnobError:
+            return
+        if not directory:
+            return
+        try:
+            os.makedirs(directory, exist_ok=True)
+            path = os.path.join(directory, f"patches-{os.getpid()}.json")
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.as_dict(), f, indent=1)
+            os.replace(tmp, path)
+        except OSError as exc:
+            logger.warning("radiance: could not write patch report to %s: %s", directory, exc)
+
+
+_REPORT = Report()
+
+
+def report() -> Report:
+    return _REPORT
+
+
+@dataclass
+class Registry:
+    patches: list[Patch] = field(default_factory=list)
+
+    def install_all(self, vllm_version: str | None, where: str = "any") -> list[Outcome]:
+        outcomes = []
+        for patch in self.patches:
+            if patch.where != "any" and patch.where != where:
+                continue
+            outcome = patch.install(vllm_version)
+            if outcome.reason != "already applied":
+                _REPORT.record(outcome)
+            outcomes.append(outcome)
+        return outcomes

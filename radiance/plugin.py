@@ -1,0 +1,111 @@
+"""The vLLM plugin entry point (group ``vllm.general_plugins``).
+
+vLLM calls ``register()`` in every process it starts (API server, engine core, workers),
+sometimes more than once per process. The order is: env gate → knob validation → version
+guard → lazy import of the patch modules → install each patch (apply or decline, one log
+line each). Nothing here may raise into vLLM: a plugin problem means stock vLLM.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+from . import envs
+from .patching import Outcome, Patch, Registry, report
+
+logger = logging.getLogger("radiance")
+
+# One module per patched vLLM area; each exports PATCHES (a list of Patch instances).
+# The order is the install order.
+PATCH_MODULES: tuple[tuple[str, str], ...] = (
+    # (feature, module)
+    ("dynamic_draft", "radiance.draft.patch_proposer"),
+    ("w4_drafter", "radiance.w4.patch_drafter"),
+    ("int4_head", "radiance.lmhead_int4.patch"),
+    ("fp8_stream", "radiance.fp8_stream.patch"),
+)
+FEATURE_KNOBS = {
+    "dynamic_draft": "RADIANCE_DYNAMIC_DRAFT",
+    "w4_drafter": "RADIANCE_W4_DRAFTER",
+    "int4_head": "RADIANCE_INT4_HEAD",
+    "fp8_stream": "RADIANCE_FP8_STREAM",
+}
+
+_registry: Registry | None = None
+
+
+def _setup_logging() -> None:
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [radiance] %(message)s", "%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    try:
+        logger.setLevel(envs.get("RADIANCE_LOG_LEVEL"))
+    except envs.KnobError:
+        logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def vllm_version() -> str | None:
+    try:
+        import vllm
+
+        return vllm.__version__
+    except Exception:
+        return None
+
+
+def load_patches() -> tuple[list[Patch], list[Outcome]]:
+    """Import the patch modules of the enabled features; a module that fails declines its feature."""
+    patches: list[Patch] = []
+    declined: list[Outcome] = []
+    for feature, module in PATCH_MODULES:
+        try:
+            enabled = envs.get(FEATURE_KNOBS[feature])
+        except envs.KnobError as exc:
+            declined.append(Outcome(module, feature, "declined", str(exc)))
+            continue
+        if not enabled:
+            declined.append(Outcome(module, feature, "disabled"))
+            continue
+        try:
+            mod = importlib.import_module(module)
+            patches.extend(mod.PATCHES)
+        except ModuleNotFoundError as exc:
+            reason = "not built in this version of radiance" if exc.name == module else f"import failed: {exc}"
+            declined.append(Outcome(module, feature, "declined", reason))
+        except Exception as exc:
+            declined.append(Outcome(module, feature, "declined", f"import failed: {type(exc).__name__}: {exc}"))
+    return patches, declined
+
+
+def register() -> None:
+    global _registry
+    _setup_logging()
+    try:
+        if not envs.get("RADIANCE_ENABLE"):
+            logger.info("radiance: plugin disabled by RADIANCE_ENABLE=0; vLLM runs stock")
+            return
+    except envs.KnobError as exc:
+        logger.error("radiance: %s; vLLM runs stock", exc)
+        return
+    if _registry is not None:
+        return  # vLLM loads general plugins more than once per process
+    try:
+        envs.warn_unknown()
+        version = vllm_version()
+        patches, declined = load_patches()
+        for outcome in declined:
+            if outcome.status == "declined":
+                logger.warning("radiance: declined %s: %s", outcome.feature, outcome.reason)
+            report().record(outcome)
+        _registry = Registry(patches)
+        _registry.install_all(version)
+    except Exception as exc:  # the plugin must never take vLLM down
+        logger.error("radiance: plugin failed (%s: %s); vLLM runs stock", type(exc).__name__, exc)
+
+
+def registry() -> Registry | None:
+    return _registry

@@ -1,0 +1,100 @@
+"""Profile validation: every shipped profile loads; every bad one gives one line FILE:LINE: FIELD: ... — fix."""
+import re
+from pathlib import Path
+
+import pytest
+
+from launcher.profile import ProfileError, load_profile, parse_profile
+
+REPO = Path(__file__).resolve().parents[2]
+GOOD = """\
+name: t
+model:
+  path: builtin:tiny-qwen3next
+drafter:
+  type: mtp
+features:
+  dynamic_draft: true
+parallel:
+  tp: 1
+"""
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "profiles").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_profiles_validate(path):
+    prof = load_profile(path)
+    assert prof.name == path.stem
+
+
+def test_bool_shorthand_and_defaults():
+    prof = parse_profile(GOOD, "x.yaml")
+    assert prof.features.dynamic_draft.enabled and prof.features.dynamic_draft.tau == 0.28
+    assert prof.server.host == "127.0.0.1"
+    assert prof.features.enabled_names() == ["dynamic_draft"]
+
+
+def _error(text: str) -> str:
+    with pytest.raises(ProfileError) as exc:
+        parse_profile(text, "bad.yaml")
+    assert len(exc.value.lines) == 1, exc.value.lines
+    line = exc.value.lines[0]
+    assert "\n" not in line and "Traceback" not in line
+    return line
+
+
+@pytest.mark.parametrize("text,where,field,needle", [
+    (GOOD + "colour: blue\n", "bad.yaml:10", "colour", "unknown key"),
+    (GOOD.replace("  tp: 1", "  tp: 0"), "bad.yaml:9", "parallel.tp", ">= 1"),
+    (GOOD.replace("  tp: 1", "  tp: two"), "bad.yaml:9", "parallel.tp", "whole number"),
+    (GOOD.replace("type: mtp", "type: ngram"), "bad.yaml:7", "features.dynamic_draft", "needs an mtp drafter"),
+    (GOOD.replace("type: mtp", "type: eagle"), "bad.yaml:5", "drafter.type", "mtp"),
+    (GOOD + "server:\n  api_key: sk-123\n", "bad.yaml:11", "server.api_key", "unknown key"),
+    (GOOD + "server:\n  api_key_env: 'sk-123'\n", "bad.yaml:11", "server.api_key_env", "never the key"),
+    (GOOD + "env:\n  HF_TOKEN: abc\n", "bad.yaml:10", "env", "secret"),
+])
+def test_bad_profiles_one_line_with_location_field_and_fix(text, where, field, needle):
+    line = _error(text)
+    assert line.startswith(where + ":"), line
+    assert f" {field}:" in line or f" {field}." in line, line
+    assert needle in line, line
+    assert "fix:" in line, line
+
+
+def test_fp8_stream_needs_tp_above_one():
+    text = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: true\n  fp8_stream: true")
+    line = _error(text)
+    assert re.match(r"bad\.yaml:\d+: features\.fp8_stream: needs parallel\.tp > 1", line), line
+
+
+def test_w4_drafter_needs_linears():
+    text = GOOD.replace("type: mtp", "type: none").replace("dynamic_draft: true", "w4_drafter: true")
+    assert "features.w4_drafter: needs a drafter with linears" in _error(text)
+
+
+def test_int4_head_excludes_fp8_head():
+    text = GOOD.replace("  path: builtin:tiny-qwen3next", "  path: builtin:tiny-qwen3next\n  fp8_lm_head: true") \
+        .replace("dynamic_draft: true", "int4_head: true")
+    assert "features.int4_head: excludes an fp8 lm_head" in _error(text)
+
+
+def test_bad_yaml_names_line():
+    line = _error("name: t\nmodel:\n  path: [unclosed\n")
+    assert re.match(r"bad\.yaml:\d+: \(yaml\): ", line) and "fix:" in line
+
+
+@pytest.mark.parametrize("text", ["", "- a\n- b\n"])
+def test_empty_or_not_a_mapping(text):
+    assert _error(text).startswith("bad.yaml:1: (top level):")
+
+
+def test_missing_file():
+    with pytest.raises(ProfileError) as exc:
+        load_profile("/nonexistent/p.yaml")
+    assert "file not found" in exc.value.lines[0]
+
+
+def test_fingerprint_is_stable_and_sensitive():
+    a = parse_profile(GOOD, "x")
+    b = parse_profile(GOOD, "y")
+    c = parse_profile(GOOD.replace("tp: 1", "tp: 2"), "z")
+    assert a.fingerprint() == b.fingerprint() != c.fingerprint()

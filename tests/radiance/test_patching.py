@@ -1,0 +1,110 @@
+"""The patch machinery against real vLLM classes: apply, decline, revert, latch off."""
+import logging
+
+import pytest
+
+from radiance import patching
+from radiance.patching import Patch, fail_closed
+
+vllm = pytest.importorskip("vllm")
+HOOK = "vllm.v1.spec_decode.llm_base_proposer.SpecDecodeBaseProposer.propose"
+
+
+class ProbePatch(Patch):
+    name = "probe"
+    feature = "probe_feature"
+    hook_points = (HOOK,)
+
+    def apply(self):
+        owner, attr, orig = patching.resolve(HOOK)
+
+        @fail_closed(self, orig)
+        def propose(*args, **kwargs):
+            raise RuntimeError("boom")
+
+        self.replace(owner, attr, propose)
+
+
+def test_applies_and_reverts_on_real_vllm_class():
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer as EagleProposer
+
+    orig = EagleProposer.propose
+    p = ProbePatch()
+    out = p.install(vllm.__version__)
+    try:
+        assert out.status == "applied"
+        assert EagleProposer.propose is not orig
+        assert EagleProposer._orig_propose is orig
+        assert p.install(vllm.__version__).reason == "already applied"
+    finally:
+        p.revert()
+    assert EagleProposer.propose is orig and not hasattr(EagleProposer, "_orig_propose")
+
+
+def test_missing_hook_point_declines_with_one_log_line(monkeypatch, caplog):
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer as EagleProposer
+
+    monkeypatch.delattr(EagleProposer, "propose")
+    caplog.set_level(logging.WARNING, logger="radiance")
+    out = ProbePatch().install(vllm.__version__)
+    assert out.status == "declined" and "hook point" in out.reason and HOOK in out.reason
+    lines = [r for r in caplog.records if "declined" in r.getMessage()]
+    assert len(lines) == 1 and "probe_feature" in lines[0].getMessage()
+
+
+def test_version_outside_range_declines():
+    out = ProbePatch().install("0.40.1")
+    assert out.status == "declined" and "outside the supported range" in out.reason
+
+
+def test_apply_that_raises_is_undone():
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer as EagleProposer
+
+    orig = EagleProposer.propose
+
+    class Half(ProbePatch):
+        def apply(self):
+            super().apply()
+            raise ValueError("half-way")
+
+    out = Half().install(vllm.__version__)
+    assert out.status == "declined" and "half-way" in out.reason
+    assert EagleProposer.propose is orig
+
+
+def test_runtime_exception_latches_off_and_runs_original():
+    calls = []
+
+    class Box:
+        def f(self, x):
+            calls.append(x)
+            return x * 2
+
+    p = Patch()
+    p.name, p.feature = "latch", "latch_feature"
+
+    @fail_closed(p, Box.f)
+    def broken(self, x):
+        raise RuntimeError("kernel fault")
+
+    Box.f = broken
+    assert Box().f(3) == 6 and p.latched_off and "kernel fault" in p.latch_reason
+    assert Box().f(4) == 8 and calls == [3, 4]
+
+
+def test_version_ranges():
+    assert patching.version_in_range("0.32.0", "0.32.0", "0.33.0")
+    assert patching.version_in_range("0.32.1+cpu", "0.32.0", "0.33.0")
+    assert not patching.version_in_range("0.33.0", "0.32.0", "0.33.0")
+
+
+def test_canary_every_hook_point_of_every_patch_exists_in_pinned_vllm(monkeypatch):
+    """If vLLM moves an attribute we hook, this fails before a user's server declines silently."""
+    from radiance import plugin
+
+    for knob in plugin.FEATURE_KNOBS.values():
+        monkeypatch.setenv(knob, "1")
+    patches, _ = plugin.load_patches()
+    for patch in patches:
+        for path in patch.hook_points:
+            patching.resolve(path)  # raises LookupError when missing
