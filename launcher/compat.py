@@ -75,11 +75,11 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
 
     gpus = ", ".join(f"{g.name} ({g.arch})" for g in hw.gpus) or "none"
     rep.add("hardware", "ok", f"platform {hw.platform}; GPUs: {gpus}")
-    for w in hw.warnings:
+    res = hardware.evaluate(hw, tp=profile.parallel.tp, pp=profile.parallel.pp, min_memory_gib=None,
+                            platform_wanted=profile.runtime.platform, environ=dict(os.environ))
+    for w in res.warnings:
         rep.add("hardware", "warn", w)
-    problems = hardware.check(hw, tp=profile.parallel.tp * profile.parallel.pp, min_memory_gib=None,
-                              platform_wanted=profile.runtime.platform, environ=dict(os.environ))
-    for p in problems:
+    for p in res.problems:
         rep.add("hardware", "fail", p)
     if platform == "cpu" and profile.model.quantization == "fp8":
         rep.add("engine", "warn", "fp8 quantization on CPU runs through reference kernels (slow)")

@@ -2,7 +2,6 @@
 report, and hand back pass/fail with a one-line reason."""
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,13 +25,12 @@ def summarize(report) -> dict:
 async def run(profile: Profile, engine_url: str, *, context: dict,
               progress: Callable[[str, str], None] | None = None) -> GateOutcome:
     from .gate import report as gate_report
-    from .gate.runner import run_gate
+    from .gate.runner import run_gate_async
 
-    def _run():
-        return run_gate(profile.gate, engine_url, model=profile.served_name(), api_key=None,
-                        progress=False, context=context)
-
-    report = await asyncio.to_thread(_run)
+    context = {"drafter": profile.drafter.type, "features_enabled": profile.features.enabled_names(), **context}
+    # The gate talks to the engine directly: the gateway proxies nothing until the gate has passed.
+    report = await run_gate_async(profile.gate, engine_url, model=profile.served_name(), api_key=None,
+                                  progress=False, context=context)
     path = gate_report.save(report, paths.reports_dir())
     return GateOutcome(passed=report.passed, reason=report.reason or "", report_path=str(path),
                        summary=summarize(report))

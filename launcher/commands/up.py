@@ -141,8 +141,9 @@ def _run_foreground(profile, profile_path: str, opts: UpOptions, *, quiet: bool,
 def _print_gate_report(path: str) -> None:
     try:
         from ..gate import report as gate_report
+        from ..gate.result import GateReport
 
-        gate_report.render_table(gate_report.load(Path(path)), console.out)
+        gate_report.render_table(GateReport.from_json(Path(path).read_text()), console.out)
     except Exception as exc:  # the saved JSON is the record; the table is a courtesy
         console.warn(f"could not render the gate report ({exc}); it is saved at {path}")
 

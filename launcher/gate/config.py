@@ -1,0 +1,168 @@
+"""The gate's settings, as a profile's ``gate:`` section (pydantic v2, unknown keys rejected).
+
+Thresholds have no defaults on purpose: a number the profile did not state is not checked (acceptance,
+reported as informational) or is required (GSM8K threshold once GSM8K is enabled), so that no gate
+passes or fails on a figure nobody chose.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "data" / "prompts"
+GSM8K_TEST_SIZE = 1319
+PACKAGED_SHOTS = 5  # launcher/data/gsm8k/train_shots.jsonl holds train[0:5]
+
+_VERSION_NAME = re.compile(r"^v[0-9]+[a-z0-9_.-]*$")
+
+
+def shipped_prompt_sets() -> list[str]:
+    return sorted(p.stem for p in PROMPTS_DIR.glob("v*.jsonl"))
+
+
+def is_prompt_set_path(value: str) -> bool:
+    return value.endswith(".jsonl") or "/" in value or "\\" in value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class SmokeConfig(_Section):
+    enabled: bool = True
+    prompt: str = "The capital of France is"
+    max_tokens: int = Field(16, ge=1, le=4096)
+    timeout_s: float = Field(300.0, gt=0)
+    retries: int = Field(2, ge=0, le=10)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("empty smoke prompt — fix: give a short text the model can continue")
+        return v
+
+
+class AcceptanceConfig(_Section):
+    enabled: bool = True
+    # Mean acceptance length counts the bonus token (vLLM's convention): 1.0 means nothing accepted.
+    min_mean_acceptance_length: float | None = None
+    min_acceptance_rate: float | None = None
+    # Threshold per draft position (index 0 = first speculative token), compared with
+    # accepted_at_position / drafts, the figure vLLM's own "Per-position acceptance rate" log prints.
+    min_per_position: list[float] | None = None
+    prompt_set: str = "v1"
+    max_tokens: int = Field(128, ge=1, le=8192)
+    # A baseline needs a second endpoint with the features off: run_gate(..., baseline_url=...).
+    baseline: bool = False
+    # Largest drop of mean acceptance length against the baseline that still passes (None: not checked).
+    max_drop_vs_baseline: float | None = Field(None, ge=0)
+    # 1 keeps the batch size, and with it dynamic-draft's depth schedule, the same on every run.
+    concurrency: int = Field(1, ge=1, le=256)
+    timeout_s: float = Field(300.0, gt=0)
+    retries: int = Field(2, ge=0, le=10)
+
+    @field_validator("min_mean_acceptance_length")
+    @classmethod
+    def _mal(cls, v: float | None) -> float | None:
+        if v is not None and v < 1.0:
+            raise ValueError(f"{v} is below 1.0, and the mean acceptance length counts the bonus token so it "
+                             "is never below 1 — fix: give 1 + expected accepted tokens per draft, e.g. 2.5")
+        return v
+
+    @field_validator("min_acceptance_rate")
+    @classmethod
+    def _rate(cls, v: float | None) -> float | None:
+        if v is not None and not 0.0 <= v <= 1.0:
+            raise ValueError(f"{v} is not a fraction — fix: a rate between 0 and 1, e.g. 0.6")
+        return v
+
+    @field_validator("min_per_position")
+    @classmethod
+    def _per_pos(cls, v: list[float] | None) -> list[float] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("empty list — fix: one rate per draft position, or remove the key")
+        bad = [x for x in v if not 0.0 <= x <= 1.0]
+        if bad:
+            raise ValueError(f"{bad} are not fractions — fix: rates between 0 and 1, one per draft position")
+        return v
+
+    @field_validator("prompt_set")
+    @classmethod
+    def _prompt_set(cls, v: str) -> str:
+        if is_prompt_set_path(v):
+            return v  # a user file; read (and reported if missing) when the gate runs
+        shipped = shipped_prompt_sets()
+        if not _VERSION_NAME.match(v) or v not in shipped:
+            raise ValueError(f"unknown prompt set {v!r} — fix: one of {', '.join(shipped) or '(none shipped)'}"
+                             " or a path to a .jsonl file")
+        return v
+
+    @model_validator(mode="after")
+    def _baseline_rule(self) -> "AcceptanceConfig":
+        if self.max_drop_vs_baseline is not None and not self.baseline:
+            raise ValueError("max_drop_vs_baseline is set but baseline is false — fix: set baseline: true "
+                             "or remove max_drop_vs_baseline")
+        return self
+
+    def thresholds_set(self) -> bool:
+        return any(x is not None for x in (self.min_mean_acceptance_length, self.min_acceptance_rate,
+                                           self.min_per_position, self.max_drop_vs_baseline))
+
+
+class Gsm8kConfig(_Section):
+    enabled: bool = False
+    num_questions: int | None = Field(None, ge=1)  # None: all 1319 test questions
+    seed: int = 0
+    threshold: float | None = None
+    tolerance: float = Field(0.0, ge=0.0, lt=1.0)
+    concurrency: int = Field(8, ge=1, le=512)
+    timeout_s: float = Field(600.0, gt=0)
+    retries: int = Field(2, ge=0, le=10)
+    num_shots: int = Field(5, ge=0)
+    max_tokens: int = Field(256, ge=1, le=8192)
+    # A directory with test.jsonl and train.jsonl (or train_shots.jsonl); None: the packaged copy.
+    data_dir: str | None = None
+
+    @field_validator("num_questions")
+    @classmethod
+    def _n(cls, v: int | None) -> int | None:
+        if v is not None and v > GSM8K_TEST_SIZE:
+            raise ValueError(f"{v} exceeds the {GSM8K_TEST_SIZE} GSM8K test questions — fix: a smaller number, "
+                             "or null for all of them")
+        return v
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold(cls, v: float | None) -> float | None:
+        if v is not None and not 0.0 < v <= 1.0:
+            raise ValueError(f"{v} is not an accuracy — fix: a fraction in (0, 1], e.g. 0.85")
+        return v
+
+    @model_validator(mode="after")
+    def _rules(self) -> "Gsm8kConfig":
+        if self.enabled and self.threshold is None:
+            raise ValueError("gsm8k is enabled without a threshold — fix: set threshold (accuracy as a "
+                             "fraction, e.g. 0.85) and tolerance, or set enabled: false")
+        if self.threshold is not None and self.tolerance >= self.threshold:
+            raise ValueError(f"tolerance {self.tolerance} >= threshold {self.threshold} lets every run pass — "
+                             "fix: a tolerance smaller than the threshold")
+        if self.data_dir is None and self.num_shots > PACKAGED_SHOTS:
+            raise ValueError(f"num_shots {self.num_shots} > {PACKAGED_SHOTS}, and the packaged copy carries "
+                             f"train[0:{PACKAGED_SHOTS}] only — fix: num_shots <= {PACKAGED_SHOTS}, or set "
+                             "data_dir to a GSM8K directory with train.jsonl")
+        return self
+
+    @property
+    def pass_floor(self) -> float | None:
+        return None if self.threshold is None else self.threshold - self.tolerance
+
+
+class GateConfig(_Section):
+    smoke: SmokeConfig = SmokeConfig()
+    acceptance: AcceptanceConfig = AcceptanceConfig()
+    gsm8k: Gsm8kConfig = Gsm8kConfig()

@@ -1,0 +1,79 @@
+"""The spine, for real: profile → check → vLLM (CPU) with the plugin → gate → gated endpoint."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from .conftest import radiance
+
+pytestmark = pytest.mark.e2e
+
+
+def test_ready_was_503_before_the_gate_and_200_after(tiny):
+    assert 503 in tiny.ready_codes, tiny.ready_codes
+    assert tiny.ready_codes[-1] == 200, tiny.ready_codes
+    assert tiny.ready_codes.index(503) < len(tiny.ready_codes) - 1
+    assert httpx.get(tiny.base + "/v1/health/live").status_code == 200
+
+
+def test_completion_through_the_gateway_returns_text(tiny):
+    r = httpx.post(tiny.base + "/v1/completions", timeout=120,
+                   json={"model": "tiny", "prompt": "def add(a, b):", "max_tokens": 16, "temperature": 0})
+    assert r.status_code == 200, r.text
+    text = r.json()["choices"][0]["text"]
+    assert isinstance(text, str) and len(text) > 0
+
+
+def test_streaming_chat_through_the_gateway(tiny):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12,
+            "temperature": 0, "stream": True}
+    events = []
+    with httpx.stream("POST", tiny.base + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]" and len(events) >= 3
+
+
+def test_metrics_are_proxied_and_show_speculative_decoding(tiny):
+    text = httpx.get(tiny.base + "/metrics", timeout=30).text
+    assert "vllm:spec_decode_num_drafts_total" in text
+
+
+def test_status_reports_gate_and_patches(tiny):
+    st = tiny.status()
+    assert st["ready"] is True and st["phase"] == "ready"
+    assert st["gate"]["passed"] is True
+    features = {p["feature"]: p for p in st["patches"]}
+    # The tiny profile turns dynamic_draft on: it is either applied or declined with a reason, never silent.
+    assert features["dynamic_draft"]["status"] in ("applied", "declined")
+    assert features["w4_drafter"]["status"] == "disabled"
+
+
+def test_engine_really_runs_the_plugin(tiny):
+    log = open(tiny.state()["engine_log"]).read()
+    assert "[radiance]" in log
+
+
+def test_zz_down_drains_and_leaves_nothing_running(tiny):
+    state = tiny.state()
+    engine_pid = int(state["engine_ident"])
+    sup_pid = state["supervisor_pid"]
+    res = tiny.down()
+    assert res.returncode == 0, res.stdout + res.stderr
+    for pid in (engine_pid, sup_pid):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    # No process of the engine's group survives (API server, engine core, workers).
+    with pytest.raises(ProcessLookupError):
+        os.killpg(engine_pid, 0)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(tiny.base + "/v1/health/live", timeout=2)
+    st = json.loads(radiance("status", tiny.name, "--json", env=tiny.env, check=True).stdout)
+    assert st["phase"] == "stopped" and st["ready"] is False
