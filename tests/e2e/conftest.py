@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+SECRET = "hf_e2e_secret_never_logged_4242"
 
 
 def free_port() -> int:
@@ -89,7 +90,8 @@ def profile_name(path: Path) -> str:
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    dep = start(tmp_path_factory.mktemp("tiny"), "profiles/tiny-cpu.yaml")
+    # A secret in the environment: it must reach the engine and never a log, state file or report.
+    dep = start(tmp_path_factory.mktemp("tiny"), "profiles/tiny-cpu.yaml", extra_env={"HF_TOKEN": SECRET})
     if dep.up.returncode != 0:
         log = Path(dep.env["RADIANCE_HOME"]) / "deployments" / dep.name / "supervisor.log"
         dep.down()

@@ -1,0 +1,84 @@
+"""The gate against real vLLM (CPU, tiny model): pass, fail, --url, and the counters it reads."""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from .conftest import REPO, radiance, start
+
+pytestmark = pytest.mark.e2e
+
+
+def _profile_with(tmp_path: Path, **acceptance) -> Path:
+    data = yaml.safe_load((REPO / "profiles/tiny-cpu.yaml").read_text())
+    data["name"] = "tiny-strict"
+    data["gate"]["acceptance"].update(acceptance)
+    path = tmp_path / "tiny-strict.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_gate_url_against_running_endpoint_passes_with_json(tiny, tmp_path):
+    res = radiance("gate", str(REPO / "profiles/tiny-cpu.yaml"), "--url", tiny.base, "--json",
+                   "--reports-dir", str(tmp_path), "--html", str(tmp_path / "gate.html"), env=tiny.env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    assert report["passed"] is True
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["smoke"]["status"] == "pass" and checks["acceptance"]["status"] == "pass"
+    assert checks["acceptance"]["metrics"]["num_drafts"] > 0
+    # The same document `radiance up` saved for its own gate run: same checks, same metric keys.
+    up_report = json.loads(Path(tiny.state()["gate_report"]).read_text())
+    assert [c["name"] for c in up_report["checks"]] == [c["name"] for c in report["checks"]]
+    assert set(up_report["checks"][1]["metrics"]) == set(checks["acceptance"]["metrics"])
+    assert "<svg" in (tmp_path / "gate.html").read_text()
+
+
+def test_gate_url_fails_with_thresholds_the_tiny_model_cannot_meet(tiny, tmp_path):
+    strict = _profile_with(tmp_path, min_mean_acceptance_length=2.5)
+    res = radiance("gate", str(strict), "--url", tiny.base, "--json", "--reports-dir", str(tmp_path), env=tiny.env)
+    assert res.returncode == 3, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    assert report["passed"] is False and "acceptance" in report["reason"]
+
+
+def test_spec_decode_counters_match_vllms_own_log(tiny):
+    """What the gate reads from /metrics equals the sum of vLLM's 'SpecDecoding metrics' log lines."""
+    from launcher.gate.metrics import parse
+
+    def totals():
+        return parse(httpx.get(tiny.base + "/metrics", timeout=30).text).spec
+
+    def logged():
+        text = Path(tiny.state()["engine_log"]).read_text()
+        acc = sum(int(m) for m in re.findall(r"SpecDecoding metrics:.*?Accepted: (\d+) tokens", text))
+        drafted = sum(int(m) for m in re.findall(r"SpecDecoding metrics:.*?Drafted: (\d+) tokens", text))
+        return acc, drafted
+
+    deadline = time.monotonic() + 60  # vLLM logs its stats every 10 s
+    while True:
+        m = totals()
+        if logged() == (int(m.accepted), int(m.draft_tokens)) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert m.draft_tokens > 0
+    assert logged() == (int(m.accepted), int(m.draft_tokens))
+
+
+def test_failing_gate_keeps_endpoint_unready_and_exits_3(tmp_path):
+    strict = _profile_with(tmp_path, min_mean_acceptance_length=2.5)
+    dep = start(tmp_path, str(strict), args=("--keep-serving-unready",))
+    try:
+        assert dep.up.returncode == 3, dep.up.stdout + dep.up.stderr
+        r = httpx.get(dep.base + "/v1/health/ready", timeout=5)
+        assert r.status_code == 503 and "gate failed" in r.json()["reason"]
+        assert httpx.post(dep.base + "/v1/completions", json={"model": "tiny", "prompt": "x"}).status_code == 503
+        assert 200 not in dep.ready_codes
+    finally:
+        dep.down()

