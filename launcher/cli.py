@@ -1,10 +1,11 @@
 """`radiance`: the appliance's command line. Exit codes: see launcher/errors.py and README.md."""
 from __future__ import annotations
 
-import os
 import sys
 
 import click
+
+from radiance import envs
 
 from . import console, errors
 from .commands import build, check, down, gate, gateway, logs, status, up
@@ -34,7 +35,10 @@ class _Group(click.Group):
 
 
 def _debug() -> bool:
-    return os.environ.get("RADIANCE_DEBUG", "0").lower() in ("1", "true", "yes", "on")
+    try:
+        return bool(envs.get("RADIANCE_DEBUG"))
+    except envs.KnobError:
+        return False
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

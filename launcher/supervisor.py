@@ -19,6 +19,8 @@ from typing import Callable
 
 import aiohttp
 
+from radiance import envs
+
 from . import engine_args, errors, gating, paths
 from .gateway import Gateway, GatewayState
 from .profile import Profile
@@ -184,7 +186,7 @@ class Supervisor:
             supervisor_log=str(self.dir / "supervisor.log"), api_key_env=p.server.api_key_env)
         self.state.save()
 
-        drain = float(os.environ.get("RADIANCE_DRAIN_TIMEOUT", "30"))
+        drain = envs.get("RADIANCE_DRAIN_TIMEOUT")
         gateway = Gateway(engine_url, self.gw_state, api_key=api_key, drain_timeout=drain)
         await gateway.start(host, public_port)
         self._phase("starting", "gateway up; preparing the engine")

@@ -145,6 +145,22 @@ _KNOBS = (
     Knob("RADIANCE_PROFILE", "profiles/tiny-cpu.yaml", _parse_str,
          "Profile used by compose.yaml and by commands run without a PROFILE argument."),
     Knob("RADIANCE_PORT", "8000", _parse_int, "Public port of the gateway.", check=_positive),
+    Knob("RADIANCE_TINY_GSM8K_DIR", "", _parse_str,
+         "GSM8K directory whose train questions go into the tiny test model's tokenizer corpus; empty: "
+         "../shared/data/gsm8k beside the repository, else a built-in corpus."),
+    Knob("RADIANCE_API_KEY", "", _parse_str,
+         "The conventional variable for the gateway's API key; a profile names the variable it reads in "
+         "server.api_key_env, so the key itself is never written in a profile. Never logged."),
+    Knob("RADIANCE_ENGINE_URL", "", _parse_str,
+         "`radiance gateway`: base URL of an engine started elsewhere (compose's engine service)."),
+    Knob("RADIANCE_GATE_URL", "", _parse_str, "`radiance gate`: base URL of the endpoint to gate."),
+    Knob("RADIANCE_PLATFORM", "rocm", _parse_str, "compose: which engine image variant to run.",
+         choices=("rocm", "cuda", "cpu")),
+    Knob("RADIANCE_IMAGE", "", _parse_str, "compose / docker runtime: engine image to run instead of the "
+         "computed tag."),
+    Knob("RADIANCE_BASE_IMAGE", "", _parse_str, "Base image for image builds (BASE_IMAGE build argument)."),
+    Knob("RADIANCE_VERSION", "", _parse_str, "compose: radiance version part of the image tag; empty: "
+         "this radiance's version."),
     Knob("RADIANCE_DRAIN_TIMEOUT", "30", _parse_float,
          "Seconds the gateway waits for in-flight requests on shutdown.",
          check=lambda v: None if v >= 0 else "must be >= 0"),

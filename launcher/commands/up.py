@@ -50,8 +50,10 @@ def _print_result(st: DeploymentState | None, code: int) -> None:
 @click.option("--gate-only", is_flag=True, help="Bring up, run the gate, print the report, shut down.")
 @click.option("--image", default=None, help="Docker runtime: the image to run (default: the profile's or computed tag).")
 @click.option("--supervised", is_flag=True, hidden=True)
+@click.option("--resolved-platform", default="cpu", hidden=True)
 def command(profile_path: str, runtime: str | None, detach: bool, port: int | None, skip_gate: bool,
-            keep_serving_unready: bool, gate_only: bool, image: str | None, supervised: bool) -> None:
+            keep_serving_unready: bool, gate_only: bool, image: str | None, supervised: bool,
+            resolved_platform: str) -> None:
     """Start PROFILE: validate, check the hardware, start vLLM with the radiance plugin, run the
     gate, and expose the OpenAI-compatible endpoint only once it passes.
 
@@ -83,7 +85,7 @@ def command(profile_path: str, runtime: str | None, detach: bool, port: int | No
                                        errors.INCOMPATIBLE)
         platform = rep.platform
     else:
-        platform = os.environ.get("_RADIANCE_PLATFORM", "cpu")
+        platform = resolved_platform
 
     if detach and not supervised:
         code = _spawn_detached(profile.name, profile_path, runtime, platform, profile.server.port, skip_gate,
@@ -155,14 +157,14 @@ def _spawn_detached(name: str, profile_path: str, runtime: str, platform: str, p
     for stale in ("state.json",):
         (d / stale).unlink(missing_ok=True)
     argv = [sys.executable, "-m", "launcher", "up", profile_path, "--supervised", "--runtime", runtime,
-            "--port", str(port)]
+            "--port", str(port), "--resolved-platform", platform]
     if skip_gate:
         argv.append("--skip-gate")
     if keep:
         argv.append("--keep-serving-unready")
     if image:
         argv += ["--image", image]
-    env = dict(os.environ, _RADIANCE_PLATFORM=platform, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(d / "supervisor.log", "ab") as log:
         child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                  env=env, start_new_session=True, cwd=os.getcwd())

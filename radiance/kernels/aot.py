@@ -51,6 +51,7 @@ class AotSpec:
     archs: tuple[str, ...] = ()    # restrict to these archs; () = all
     num_warps: int | None = None
     num_stages: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # other compile options, e.g. enable_fp_fusion
 
 
 _REGISTRY: dict[str, AotSpec] = {}
@@ -92,7 +93,7 @@ def compile_spec(spec: AotSpec, arch: str):
     from triton.compiler import ASTSource
 
     src = ASTSource(fn=spec.kernel, signature=spec.signature, constexprs=spec.constexprs)
-    options = {}
+    options = dict(spec.options)
     if spec.num_warps is not None:
         options["num_warps"] = spec.num_warps
     if spec.num_stages is not None:
@@ -127,6 +128,12 @@ def compile_all(arch: str, only: str | None = None) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if __name__ == "__main__":
+        # Run as `python -m`, this file is a second module (__main__); the kernel modules register
+        # their specs in radiance.kernels.aot, so hand over to that one.
+        from radiance.kernels import aot as package_module
+
+        return package_module.main(argv)
     p = argparse.ArgumentParser(prog="python -m radiance.kernels.aot", description=__doc__.split("\n")[0])
     p.add_argument("--arch", required=True, choices=sorted(ARCHS))
     p.add_argument("--only", default=None, help="compile only variants whose name contains this")

@@ -50,7 +50,7 @@ def test_no_radiance_knob_is_read_outside_envs(repo_root):
     import re
 
     offenders = []
-    for path in list((repo_root / "radiance").rglob("*.py")):
+    for path in list((repo_root / "radiance").rglob("*.py")) + list((repo_root / "launcher").rglob("*.py")):
         if path.name == "envs.py":
             continue
         text = path.read_text()
@@ -58,3 +58,18 @@ def test_no_radiance_knob_is_read_outside_envs(repo_root):
                 re.search(r"getenv\(\s*['\"]RADIANCE_", text):
             offenders.append(str(path))
     assert offenders == []
+
+
+def test_every_radiance_name_used_in_the_repo_is_declared(repo_root):
+    import re
+
+    files = [p for d in ("radiance", "launcher", "images", "tools", "profiles") for p in (repo_root / d).rglob("*")
+             if p.is_file() and p.suffix in (".py", ".yaml", ".yml", ".sh", "") and "__pycache__" not in p.parts]
+    files += [repo_root / n for n in ("compose.yaml", "Makefile", "README.md") if (repo_root / n).exists()]
+    used = {}
+    for path in files:
+        for name in re.findall(r"\bRADIANCE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(errors="replace")):
+            used.setdefault(name, str(path))
+    not_knobs = {"RADIANCE_PREFIX"}  # Python constant names, not environment variables
+    unknown = {n: p for n, p in used.items() if n not in envs.KNOBS and n not in not_knobs}
+    assert unknown == {}

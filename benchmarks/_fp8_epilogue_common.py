@@ -1,0 +1,113 @@
+"""Shared timing helpers of the fp8-stream benchmarks (bench_add_rms_quant, bench_silu_mul_quant,
+bench_fp8_gemm). Not collected by pytest (no test_ prefix)."""
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else "uncommitted"
+    except Exception:
+        return "uncommitted"
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def _triton():
+    import triton
+    import triton.language as tl
+
+    return triton, tl
+
+
+_EMPTY = {}
+
+
+def empty_launch():
+    """A callable launching one empty Triton kernel: the single-launch floor."""
+    if "fn" not in _EMPTY:
+        triton, tl = _triton()
+
+        @triton.jit
+        def _empty_kernel(x_ptr):
+            pass
+
+        buf = torch.empty(1, device="cuda")
+        _EMPTY["fn"] = lambda: _empty_kernel[(1,)](buf)
+    return _EMPTY["fn"]
+
+
+def time_us(fn, mode: str) -> float:
+    """Median microseconds per call. ``graph``: fn replayed from a CUDA graph (the decode
+    setting: no CPU launch cost, kernel gaps inside the graph remain). ``eager``:
+    triton.testing.do_bench (L2 flushed before each call; the flush keeps the GPU busy
+    while the CPU enqueues, so this is close to GPU time too)."""
+    triton, _ = _triton()
+    fn()
+    torch.cuda.synchronize()
+    if mode == "graph":
+        return 1000.0 * float(triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median"))
+    return 1000.0 * float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
+
+
+def compile_m_dynamic(fn):
+    """torch.compile as vLLM uses it: the token dim dynamic, the hidden size static (a new
+    K recompiles statically rather than turning K symbolic)."""
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    return torch.compile(fn)
+
+
+def mark_m_dynamic(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        torch._dynamo.mark_dynamic(t, 0)
+
+
+def count_kernels(fn) -> int:
+    """GPU kernels one call launches (after warm-up), from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
+
+
+def write_json(path: str | None, name: str, rows: list[dict], extra: dict | None = None) -> None:
+    doc = {"benchmark": name, "date": datetime.date.today().isoformat(), "device": device_name(),
+           "torch": torch.__version__, "triton": _triton()[0].__version__, "commit": commit(),
+           **(extra or {}), "rows": rows}
+    text = json.dumps(doc, indent=1)
+    if path:
+        Path(path).write_text(text)
+    print(f"# {name}: {len(rows)} rows" + (f" -> {path}" if path else ""))
+
+
+def print_table(rows: list[dict], cols: list[str]) -> None:
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
+    print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).rjust(w) for c, w in zip(cols, widths)))
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return "" if v is None else str(v)

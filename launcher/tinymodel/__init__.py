@@ -1,0 +1,100 @@
+"""The tiny Qwen3-Next test model: the appliance's embedded default and the base of every e2e test.
+
+``ensure(cache_dir, seed)`` returns a ready checkpoint directory, generating it on first use.
+Importing this package stays cheap (no torch, no tokenizers): the launcher CLI imports it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODEL_PREFIX = "tiny-qwen3next-s"
+
+TRAINED_MODEL = "tiny-qwen3next-trained"
+
+__all__ = ["MODEL_PREFIX", "TRAINED_MODEL", "ensure", "is_complete", "model_dir_name", "trained_model_dir"]
+
+
+def model_dir_name(seed: int) -> str:
+    return f"{MODEL_PREFIX}{seed}"
+
+
+def is_complete(model_dir: Path) -> bool:
+    """True when ``model_dir`` holds a finished model written by the current generator format."""
+    from launcher.tinymodel.generate import FORMAT_VERSION, METADATA_FILE
+
+    try:
+        meta = json.loads((Path(model_dir) / METADATA_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return meta.get("format_version") == FORMAT_VERSION
+
+
+def _make_readable(model_dir: Path) -> None:
+    # mkdtemp and safetensors create owner-only entries; a container user other than ours reads them.
+    os.chmod(model_dir, 0o755)
+    for path in model_dir.iterdir():
+        os.chmod(path, 0o644)
+
+
+def generate_into(target: Path, seed: int = 0, gsm8k_dir: Path | None = None) -> Path:
+    """Generate into a temp sibling, then swap it into place, so readers never see a partial model."""
+    from launcher.tinymodel.generate import write_model
+
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write_model(tmp, seed=seed, gsm8k_dir=gsm8k_dir)
+        _make_readable(tmp)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.rename(target, old / target.name)
+            os.rename(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def ensure(cache_dir: Path, seed: int = 0) -> Path:
+    """Return ``cache_dir/tiny-qwen3next-s{seed}``, generating it once (process-safe) if needed."""
+    cache_dir = Path(cache_dir).expanduser()
+    target = cache_dir / model_dir_name(seed)
+    if is_complete(target):
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / f".{target.name}.lock", "w") as lock:
+        # Two launchers starting at once: the second waits here, then finds the model complete.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_complete(target):
+            return target
+        print(
+            f"radiance: generating the tiny Qwen3-Next test model (seed {seed}) into {target} ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        start = time.monotonic()
+        generate_into(target, seed=seed)
+        print(f"radiance: tiny model ready in {time.monotonic() - start:.1f}s", file=sys.stderr, flush=True)
+    return target
+
+
+def trained_model_dir() -> Path | None:
+    """The committed trained variant (``models/tiny-qwen3next-trained`` in a source checkout), if present.
+
+    Its MTP layer agrees with the target, so acceptance figures measured on it mean something; the
+    random model stays the default because it needs no files beyond the package.
+    """
+    path = Path(__file__).resolve().parents[2] / "models" / TRAINED_MODEL
+    return path if is_complete(path) else None

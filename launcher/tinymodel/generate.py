@@ -1,0 +1,83 @@
+"""Write a complete HF-format checkpoint directory for the tiny Qwen3-Next."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from pathlib import Path
+
+from launcher.tinymodel import config
+from launcher.tinymodel import corpus as corpus_mod
+
+# Bump when the written bytes change for the same seed, so cached copies are regenerated.
+FORMAT_VERSION = 1
+METADATA_FILE = "radiance_tiny.json"
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_tokenizer(out_dir: Path, gsm8k_dir: Path | None = None) -> tuple[dict[str, int], dict]:
+    """Train and save the tokenizer; return its special ids and the corpus provenance."""
+    from launcher.tinymodel import tokenizer
+
+    corpus = corpus_mod.build(gsm8k_dir)
+    tok = tokenizer.train(corpus)
+    ids = tokenizer.save(tok, out_dir)
+    provenance = {
+        "corpus_sha256": corpus.sha256,
+        "corpus_sources": list(corpus.sources),
+        "tokenizer_vocab": tok.get_vocab_size(),
+    }
+    return ids, provenance
+
+
+def write_configs(out_dir: Path, ids: dict[str, int]) -> None:
+    _write_json(out_dir / "config.json", config.hf_config(bos_id=None, eos_id=ids["im_end"], pad_id=ids["pad"]))
+    _write_json(
+        out_dir / "generation_config.json",
+        {
+            "bos_token_id": None,
+            "eos_token_id": [ids["im_end"], ids["pad"]],
+            "pad_token_id": ids["pad"],
+        },
+    )
+
+
+def write_metadata(out_dir: Path, extra: dict) -> None:
+    import safetensors
+    import tokenizers
+
+    files = sorted(p.name for p in out_dir.iterdir() if p.is_file() and p.name != METADATA_FILE)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "generator": "launcher.tinymodel",
+        "python": platform.python_version(),
+        "tokenizers": tokenizers.__version__,
+        "safetensors": safetensors.__version__,
+        "files_sha256": {name: _sha256(out_dir / name) for name in files},
+        **extra,
+    }
+    _write_json(out_dir / METADATA_FILE, meta)
+
+
+def write_model(out_dir: Path, seed: int = 0, gsm8k_dir: Path | None = None) -> Path:
+    """Generate the random-weight model into an existing, empty ``out_dir``."""
+    from launcher.tinymodel import weights
+
+    out_dir = Path(out_dir)
+    ids, provenance = write_tokenizer(out_dir, gsm8k_dir)
+    write_configs(out_dir, ids)
+    weights.save(weights.random_state_dict(seed), out_dir)
+    write_metadata(out_dir, {"kind": "random", "seed": seed, **provenance})
+    return out_dir

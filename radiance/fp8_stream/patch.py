@@ -1,0 +1,118 @@
+"""The fp8-stream patch: plan and install the contract on every Qwen3-Next model vLLM loads.
+
+Hooks (vLLM 0.32.0):
+  * ``BaseModelLoader.load_model`` -- after the stock load (weights processed), find the
+    Qwen3NextModel core, plan it (plan.py: every guard of the seed) and install the plan
+    (contract.py), or decline with one log line; the model returned is stock on any error.
+  * ``EagleModelMixin._set_aux_hidden_state_layers`` -- the model runner sets EAGLE-3
+    hidden-state taps *after* load_model; a tap on an installed model takes the contract
+    off again (one warning), since a tap reads ``hidden + residual`` between layers.
+Checked for presence only (``relied_on``): ``Qwen3NextDecoderLayer.forward`` (the body
+contract.py mirrors), the aux-tap attribute, ``Qwen3NextRMSNorm`` being ``GemmaRMSNorm``
+(the norm add_rms_quant reproduces), ``tensor_model_parallel_all_reduce`` and
+``RowParallelLinear.forward`` (which honours ``reduce_results``).
+
+Knob: RADIANCE_FP8_STREAM (radiance/envs.py). The traced graph changes where the contract
+is installed, so vLLM's compile cache must be keyed on the knob (see the report).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+from ..patching import Patch, resolve
+from . import contract
+from .plan import find_core, plan_stream
+
+logger = logging.getLogger("radiance")
+
+_QWEN3_NEXT = "vllm.model_executor.models.qwen3_next"
+
+
+def _parallel_sizes() -> tuple[int, int]:
+    from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
+
+    return get_tensor_model_parallel_world_size(), get_pp_group().world_size
+
+
+def install_on(model, sizes=None) -> str:
+    """Plan and install on ``model``; returns the one-line outcome that was logged."""
+    core = find_core(model)
+    if core is None:
+        return "not a Qwen3-Next model"  # the drafter, other architectures: nothing to do
+    tp, pp = sizes if sizes is not None else _parallel_sizes()
+    plan = plan_stream(core, tp, pp)
+    if plan.declined:
+        line = f"fp8-stream declined, stock contract: {plan.declined}"
+        logger.warning("radiance: %s", line)
+        return line
+    contract.install(core, plan)
+    line = f"fp8-stream installed: {plan.summary()}"
+    logger.info("radiance: %s", line)
+    return line
+
+
+class Fp8StreamPatch(Patch):
+    name = "fp8_stream.decoder_contract"
+    feature = "fp8_stream"
+    enable_knob = "RADIANCE_FP8_STREAM"
+    # Only class attributes of the loader and of the EAGLE mixin are replaced; the plan is
+    # made per loaded model, in whichever process loads one.
+    where = "any"
+    hook_points = (  # replaced
+        "vllm.model_executor.model_loader.base_loader.BaseModelLoader.load_model",
+        "vllm.model_executor.models.interfaces.EagleModelMixin._set_aux_hidden_state_layers",
+    )
+    relied_on = (  # read or mirrored, never replaced
+        f"{_QWEN3_NEXT}.Qwen3NextDecoderLayer.forward",
+        f"{_QWEN3_NEXT}.Qwen3NextModel.aux_hidden_state_layers",
+        f"{_QWEN3_NEXT}.Qwen3NextRMSNorm",
+        "vllm.distributed.tensor_model_parallel_all_reduce",
+        "vllm.model_executor.layers.linear.RowParallelLinear.forward",
+    )
+
+    def guard(self) -> str | None:
+        from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+
+        for path in self.relied_on:
+            try:
+                resolve(path)
+            except LookupError as exc:
+                return f"{path} missing ({exc})"
+        _, _, norm = resolve(f"{_QWEN3_NEXT}.Qwen3NextRMSNorm")
+        if norm is not GemmaRMSNorm:
+            return f"Qwen3NextRMSNorm is {norm.__name__}, not GemmaRMSNorm: add_rms_quant reproduces the latter"
+        return None
+
+    def apply(self) -> None:
+        loader_cls, _, load_model = resolve(self.hook_points[0])
+        mixin, _, set_taps = resolve(self.hook_points[1])
+        patch = self
+
+        @functools.wraps(load_model)
+        def load_model_then_stream(loader, *args, **kwargs):
+            model = load_model(loader, *args, **kwargs)
+            if patch.latched_off:
+                return model
+            try:
+                install_on(model)
+            except Exception as exc:  # never fail a load: stock contract instead
+                core = find_core(model)
+                if core is not None:
+                    contract.uninstall(core)
+                patch.latch_off(f"install raised {type(exc).__name__}: {exc}")
+            return model
+
+        @functools.wraps(set_taps)
+        def set_taps_then_check(core, layers, *args, **kwargs):
+            result = set_taps(core, layers, *args, **kwargs)
+            if tuple(layers or ()) and contract.uninstall(core):
+                logger.warning("radiance: fp8-stream taken off, stock contract: auxiliary "
+                               "hidden-state taps were set at layers %s", tuple(layers))
+            return result
+
+        self.replace(loader_cls, "load_model", load_model_then_stream)
+        self.replace(mixin, "_set_aux_hidden_state_layers", set_taps_then_check)
+
+
+PATCHES = [Fp8StreamPatch()]

@@ -1,0 +1,231 @@
+"""Which RowParallel sites of a loaded Qwen3-Next may join the fp8-stream contract.
+
+Pure inspection of the module tree (nothing is changed here): ``plan_stream(core, tp, pp)``
+returns a ``StreamPlan`` naming, per decoder layer, the epilogues that may run and, for
+every one refused, why. contract.py applies a plan; patch.py makes and logs it after load.
+
+Model-wide guards (any one declines the whole feature, stock contract, one log line):
+  * tensor parallel > 1 -- at TP=1 there is no all-reduce for the epilogue to absorb;
+  * pipeline parallel == 1 -- the (partial, residual) exchange must not cross a PP boundary;
+  * no auxiliary hidden-state taps (EAGLE-3 style ``aux_hidden_state_layers``): a tap reads
+    ``hidden + residual`` between layers, and there ``hidden`` would be a partial sum;
+  * no sequence-parallel MoE (``use_attn_reduce_scatter_for_moe``): its reduce-scatter /
+    all-gather replace the all-reduce the epilogue follows.
+Per-layer guards (the layer, and the sites that touch it, keep the stock contract):
+  * no ``layer_scale`` (the scaled branch sits between the all-reduce and the norm);
+  * the MLP has no ``expert_gate`` (a gated shared expert scales the reduced output);
+  * every module that receives the norm's output accepts a pre-quantised ``(q, scale)``
+    input -- it declares ``radiance_fp8_input = Fp8Input(group_size, fp8_dtype)`` (on itself
+    or on its quant_method), and all consumers of one site agree on the format;
+  * the RowParallel linear whose all-reduce moves into the epilogue is a plain one
+    (``RowParallelLinear``, no bias, ``reduce_results`` on).
+
+Sites, for decoder layer i:
+  * ``mid``  -- the attention's o_proj/out_proj all-reduce, then add_rms_quant with the
+    layer's post_attention_layernorm weight, into the layer's MLP;
+  * ``down`` -- the MLP's down_proj stays a partial sum; layer i+1 starts with the
+    all-reduce + add_rms_quant with *its own* input_layernorm weight, into its attention
+    (``stream_in`` of layer i+1). Never on the last layer: model.norm and the drafter read
+    its output exactly as stock produces it.
+
+In stock vLLM 0.32.0 no consumer declares ``radiance_fp8_input``: the fp8 W8A8 linear method
+that accepts ``(q, scale)`` is a separate piece (see the package docstring), and
+Qwen3-Next's GDN attention forward and sparse-MoE block are not tuple-aware, so every layer
+of a stock Qwen3-Next declines with a reason naming the consumer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+FP8_INPUT_ATTR = "radiance_fp8_input"
+
+
+@dataclass(frozen=True)
+class Fp8Input:
+    """What a consumer of a streamed site takes: ``(q [M, K] fp8, scale)`` with per-token
+    (group_size 0) or per-128-group scales, in ``fp8_dtype``."""
+
+    group_size: int = 0
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn
+
+
+@dataclass
+class LayerPlan:
+    index: int
+    layer_type: str
+    stream_in: bool = False    # finish the previous layer's partial down_proj first
+    stream_mid: bool = False   # attention all-reduce + post-attention epilogue into the MLP
+    defer_down: bool = False   # leave this layer's down_proj partial (the next layer finishes it)
+    in_format: Fp8Input | None = None
+    mid_format: Fp8Input | None = None
+    reasons: list[str] = field(default_factory=list)  # why a site of this layer stays stock
+
+    @property
+    def patched(self) -> bool:
+        return self.stream_in or self.stream_mid
+
+
+@dataclass
+class StreamPlan:
+    declined: str | None
+    layers: list[LayerPlan] = field(default_factory=list)
+
+    @property
+    def n_in(self) -> int:
+        return sum(lp.stream_in for lp in self.layers)
+
+    @property
+    def n_mid(self) -> int:
+        return sum(lp.stream_mid for lp in self.layers)
+
+    def summary(self) -> str:
+        if self.declined:
+            return f"declined: {self.declined}"
+        stock = [f"{lp.index}: {'; '.join(lp.reasons)}" for lp in self.layers if lp.reasons]
+        text = (f"{self.n_in} input + {self.n_mid} post-attention epilogues over "
+                f"{len(self.layers)} layers ({self.n_in + self.n_mid} all-reduces fused)")
+        return text + (f"; stock sites: {' | '.join(stock)}" if stock else "")
+
+
+# ---------------------------------------------------------------------------------------
+# Module-tree helpers
+# ---------------------------------------------------------------------------------------
+
+def find_core(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The Qwen3NextModel inside any wrapper (ForCausalLM: .model; multimodal: deeper)."""
+    from vllm.model_executor.models.qwen3_next import Qwen3NextModel
+
+    for module in model.modules():
+        if isinstance(module, Qwen3NextModel):
+            return module
+    return None
+
+
+def fp8_input_of(module: torch.nn.Module | None) -> Fp8Input | None:
+    if module is None:
+        return None
+    spec = getattr(module, FP8_INPUT_ATTR, None)
+    if spec is None:
+        spec = getattr(getattr(module, "quant_method", None), FP8_INPUT_ATTR, None)
+    return spec if isinstance(spec, Fp8Input) else None
+
+
+def attention_consumers(layer) -> list[tuple[str, torch.nn.Module]]:
+    """Modules that receive input_layernorm's output."""
+    if layer.layer_type == "full_attention":
+        return [("self_attn.qkv_proj", layer.self_attn.qkv_proj)]
+    # The GDN forward reads hidden_states.size(0)/.dtype and feeds two projections; only a
+    # tuple-aware forward (declared on the module itself) can take (q, scale).
+    return [("linear_attn", layer.linear_attn)]
+
+
+def mlp_consumers(layer) -> list[tuple[str, torch.nn.Module]]:
+    """Modules that receive post_attention_layernorm's output."""
+    mlp = layer.mlp
+    if hasattr(mlp, "gate_up_proj"):  # dense Qwen3NextMLP
+        return [("mlp.gate_up_proj", mlp.gate_up_proj)]
+    # Sparse MoE: the router, the experts and the shared expert all read the activation.
+    return [("mlp", mlp)]
+
+
+def attention_row(layer) -> torch.nn.Module:
+    return layer.self_attn.o_proj if layer.layer_type == "full_attention" else layer.linear_attn.out_proj
+
+
+def mlp_row(layer) -> torch.nn.Module | None:
+    return getattr(layer.mlp, "down_proj", None)  # the MoE block reduces inside FusedMoE
+
+
+def _row_problem(row, what: str) -> str | None:
+    from vllm.model_executor.layers.linear import RowParallelLinear
+
+    if row is None:
+        return f"{what}: no RowParallelLinear to defer"
+    if not isinstance(row, RowParallelLinear):
+        return f"{what}: {type(row).__name__} is not a RowParallelLinear"
+    if getattr(row, "bias", None) is not None:
+        return f"{what}: has a bias"
+    if not row.reduce_results:
+        return f"{what}: does not all-reduce"
+    return None
+
+
+def _consumer_format(consumers, site: str) -> tuple[Fp8Input | None, str | None]:
+    formats = []
+    for name, module in consumers:
+        spec = fp8_input_of(module)
+        if spec is None:
+            return None, f"{site}: {name} ({type(module).__name__}) takes no pre-quantised input"
+        formats.append(spec)
+    if any(f != formats[0] for f in formats):
+        return None, f"{site}: consumers disagree on the fp8 format {formats}"
+    return formats[0], None
+
+
+def _layer_problem(layer) -> str | None:
+    if getattr(layer, "layer_scale", False):
+        return "layer_scale is set"
+    if getattr(layer, "use_attn_reduce_scatter_for_moe", False):
+        return "sequence-parallel MoE"
+    if getattr(layer.mlp, "expert_gate", None) is not None:
+        return "mlp.expert_gate is set"
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------------------
+
+def model_problem(core, tp_size: int, pp_size: int) -> str | None:
+    if tp_size <= 1:
+        return f"tensor parallel size is {tp_size}: no all-reduce for the epilogue to absorb"
+    if pp_size != 1:
+        return f"pipeline parallel size is {pp_size}: the (partial, residual) exchange would cross ranks"
+    taps = tuple(getattr(core, "aux_hidden_state_layers", ()) or ())
+    if taps:
+        return f"auxiliary hidden-state taps at layers {taps} read hidden + residual between layers"
+    layers = list(core.layers)
+    if not layers:
+        return "the decoder has no layers on this rank"
+    if any(getattr(layer, "use_attn_reduce_scatter_for_moe", False) for layer in layers):
+        return "sequence-parallel MoE replaces the all-reduce with reduce-scatter/all-gather"
+    return None
+
+
+def plan_stream(core, tp_size: int, pp_size: int) -> StreamPlan:
+    problem = model_problem(core, tp_size, pp_size)
+    if problem:
+        return StreamPlan(declined=problem)
+    layers = list(core.layers)
+    plans = [LayerPlan(i, layer.layer_type) for i, layer in enumerate(layers)]
+    own = [_layer_problem(layer) for layer in layers]
+    for i, (layer, lp) in enumerate(zip(layers, plans)):
+        if own[i]:
+            lp.reasons.append(own[i])
+            continue
+        fmt, why = _consumer_format(mlp_consumers(layer), "post-attention")
+        why = why or _row_problem(attention_row(layer), "attention output")
+        if why:
+            lp.reasons.append(why)
+        else:
+            lp.stream_mid, lp.mid_format = True, fmt
+        if i + 1 == len(layers):
+            continue  # the last layer's output goes to model.norm (and the drafter) as stock
+        nxt = layers[i + 1]
+        if own[i + 1]:
+            lp.reasons.append(f"down_proj: next layer stays stock ({own[i + 1]})")
+            continue
+        fmt, why = _consumer_format(attention_consumers(nxt), f"layer {i + 1} input")
+        why = why or _row_problem(mlp_row(layer), "down_proj")
+        if why:
+            lp.reasons.append(why)
+        else:
+            lp.defer_down = True
+            plans[i + 1].stream_in, plans[i + 1].in_format = True, fmt
+    plan = StreamPlan(declined=None, layers=plans)
+    if not plan.n_in and not plan.n_mid:
+        first = next((f"layer {lp.index}: {lp.reasons[0]}" for lp in plans if lp.reasons), "")
+        plan.declined = f"no site qualifies ({first}{', ...' if len(layers) > 1 else ''})"
+    return plan

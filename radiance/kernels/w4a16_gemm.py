@@ -1,0 +1,601 @@
+"""W4A16 GEMM: ``out[M, N] = x[M, K] @ W[N, K]^T`` with W in the packed 4-bit layout of
+``radiance.w4.layout`` (symmetric codes, one scale per output row and group of G along K).
+
+bf16/fp16 activations, fp32 accumulation, output in the activation dtype.
+
+Paths (``torch.ops.radiance.w4a16_gemm`` picks one):
+
+* GPU, ``M <= LARGE_M``: the Triton kernel ``_w4a16_gemm_kernel``. It is written "swap-AB":
+  the weight tile is the left operand (``[BLOCK_N, 16]`` per slab, rows of W on the tensor
+  core's M side) and the activations the right one (``[16, BLOCK_M]``), so a decode batch of
+  8 rows wastes no MMA rows, and the dequantised weights never leave registers: Triton's
+  pipeliner stages the packed words through shared memory (a quarter of the bf16 bytes) and
+  they are unpacked in the tensor-core operand layout (on Hopper: wgmma with A in
+  registers). Each 128-wide K block makes 8 slabs, one per nibble (see the layout
+  docstring); the slab products of one group are summed in fp32 and multiplied by that
+  group's scale in fp32, so codes are multiplied exactly. On CUDA the unpack is inline PTX
+  (``prmt`` + ``lop3`` + one packed ``fma`` per two codes, the "magic number" trick: about
+  one integer instruction per code); elsewhere the same trick in portable Triton. Above 64
+  rows the kernel tiles M in 64-row tiles, each re-streaming the weight.
+  Split-K: when ``N / BLOCK_N`` tiles cannot fill the GPU, ``SPLIT_K`` programs share one
+  output tile; each writes its fp32 partial to a workspace and the last one to arrive (an
+  atomic ticket per tile) sums the partials in split order and writes the output: one
+  launch, deterministic, and the ticket is reset to 0 by that last program, so the counters
+  stay valid across launches and CUDA-graph replays.
+  Tunable variants (``Config``): ``k_per_iter`` (two K blocks per loop step), ``xsum`` (keep
+  the +136/+1032 code bias in the dot and subtract bias * sum(x) per group in fp32, which
+  drops the packed fma per two codes but costs a ``torch.sum`` launch and an unpipelined
+  load), ``max_regs`` (.maxnreg). None of the three won anywhere on the H200; they stay
+  because they are cheap to keep, tested, and may pay on other GPUs.
+* GPU, ``M > LARGE_M`` (1024, prefill): **dequantise**, not chunk. Streaming the weight once
+  per 64 rows would read it ``M / 64`` times, so instead the weight is dequantised to the
+  activation dtype in row chunks (bounded transient) and multiplied with ``torch.matmul``.
+  Between 64 and ``LARGE_M`` rows the kernel's M tiling is cheaper (measured crossover).
+  The dequantised weight is rounded to bf16/fp16 there (relative 2^-9 for bf16), ~50x below
+  the 4-bit error; the small-M path does not round it.
+* CPU and anything the kernel does not take (fp32 activations): the reference
+  ``w4a16_gemm_reference`` -- dequantise to fp32 (exact) and matmul in fp32.
+
+Per-shape launch configs are data: ``radiance/configs/w4a16_gemm/<device>.json``, written by
+``benchmarks/bench_w4a16_gemm.py --tune``. A shape that is not in the file runs with
+``default_config`` (correct, just not tuned).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from radiance.kernels import aot
+from radiance.kernels.dispatch import use_triton
+from radiance.w4 import layout
+
+logger = logging.getLogger("radiance")
+
+try:  # Triton is optional: the reference path serves CPU-only installs
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except Exception:  # pragma: no cover - exercised only where triton is absent
+    triton = tl = None
+    HAS_TRITON = False
+
+MAX_KERNEL_M = 64        # rows per kernel tile at most; the tuned band
+# Above this, dequantise + matmul. Measured on the H200 (docs/benchmarks.md): the kernel costs
+# about ceil(M / 64) x its M=64 time (gate_up 55 us per 64 rows, qkv 16 us), the torch-level
+# dequantise about 0.3 ms (qkv) .. 1.7 ms (gate_up) before its matmul, so tiling wins to ~1k rows.
+LARGE_M = 1024
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "w4a16_gemm"
+TUNED_M = (1, 8, 16, 32, 64)
+
+
+# --------------------------------------------------------------------------------------
+# Triton kernel
+# --------------------------------------------------------------------------------------
+if HAS_TRITON:
+
+    @triton.jit
+    def _unpack_asm(w, FP16: tl.constexpr, BIASED: tl.constexpr):
+        # Two K-adjacent words in, eight registers out; register i holds the two codes of
+        # nibble i (k = 16 i + j, 16 i + j + 1) as a bf16x2/f16x2 pair. prmt puts byte b of
+        # each word into the low byte of each half, lop3 keeps one nibble and ORs it into
+        # the mantissa of 128.0 (bf16) / 1024.0 (fp16), and the fma subtracts 136 / 1032,
+        # which is exact: the result is the code q in -8..7. BIASED leaves the constant in
+        # (q + 136 / q + 1032); the kernel then subtracts it once per group in fp32.
+        if BIASED:
+            if FP16:
+                return tl.inline_asm_elementwise(
+                    asm="""
+                    {
+                    .reg .b32 t, u;
+                    prmt.b32 t, $8, $9, 0x5410;
+                    lop3.b32 $0, t, 0x000F000F, 0x64006400, 0xEA;
+                    shr.b32 u, t, 4;
+                    lop3.b32 $1, u, 0x000F000F, 0x64006400, 0xEA;
+                    shr.b32 u, t, 8;
+                    lop3.b32 $2, u, 0x000F000F, 0x64006400, 0xEA;
+                    shr.b32 u, t, 12;
+                    lop3.b32 $3, u, 0x000F000F, 0x64006400, 0xEA;
+                    prmt.b32 t, $8, $9, 0x7632;
+                    lop3.b32 $4, t, 0x000F000F, 0x64006400, 0xEA;
+                    shr.b32 u, t, 4;
+                    lop3.b32 $5, u, 0x000F000F, 0x64006400, 0xEA;
+                    shr.b32 u, t, 8;
+                    lop3.b32 $6, u, 0x000F000F, 0x64006400, 0xEA;
+                    shr.b32 u, t, 12;
+                    lop3.b32 $7, u, 0x000F000F, 0x64006400, 0xEA;
+                    }
+                    """,
+                    constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r",
+                    args=[w], dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+            else:
+                return tl.inline_asm_elementwise(
+                    asm="""
+                    {
+                    .reg .b32 t, u;
+                    prmt.b32 t, $8, $9, 0x4400;
+                    lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA;
+                    shr.b32 u, t, 4;
+                    lop3.b32 $1, u, 0x000F000F, 0x43004300, 0xEA;
+                    prmt.b32 t, $8, $9, 0x5511;
+                    lop3.b32 $2, t, 0x000F000F, 0x43004300, 0xEA;
+                    shr.b32 u, t, 4;
+                    lop3.b32 $3, u, 0x000F000F, 0x43004300, 0xEA;
+                    prmt.b32 t, $8, $9, 0x6622;
+                    lop3.b32 $4, t, 0x000F000F, 0x43004300, 0xEA;
+                    shr.b32 u, t, 4;
+                    lop3.b32 $5, u, 0x000F000F, 0x43004300, 0xEA;
+                    prmt.b32 t, $8, $9, 0x7733;
+                    lop3.b32 $6, t, 0x000F000F, 0x43004300, 0xEA;
+                    shr.b32 u, t, 4;
+                    lop3.b32 $7, u, 0x000F000F, 0x43004300, 0xEA;
+                    }
+                    """,
+                    constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r",
+                    args=[w], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
+        elif FP16:
+            return tl.inline_asm_elementwise(
+                asm="""
+                {
+                .reg .b32 t, u, one, bias;
+                mov.b32 one, 0x3C003C00;
+                mov.b32 bias, 0xE408E408;
+                prmt.b32 t, $8, $9, 0x5410;
+                lop3.b32 $0, t, 0x000F000F, 0x64006400, 0xEA;
+                shr.b32 u, t, 4;
+                lop3.b32 $1, u, 0x000F000F, 0x64006400, 0xEA;
+                shr.b32 u, t, 8;
+                lop3.b32 $2, u, 0x000F000F, 0x64006400, 0xEA;
+                shr.b32 u, t, 12;
+                lop3.b32 $3, u, 0x000F000F, 0x64006400, 0xEA;
+                prmt.b32 t, $8, $9, 0x7632;
+                lop3.b32 $4, t, 0x000F000F, 0x64006400, 0xEA;
+                shr.b32 u, t, 4;
+                lop3.b32 $5, u, 0x000F000F, 0x64006400, 0xEA;
+                shr.b32 u, t, 8;
+                lop3.b32 $6, u, 0x000F000F, 0x64006400, 0xEA;
+                shr.b32 u, t, 12;
+                lop3.b32 $7, u, 0x000F000F, 0x64006400, 0xEA;
+                fma.rn.f16x2 $0, $0, one, bias;
+                fma.rn.f16x2 $1, $1, one, bias;
+                fma.rn.f16x2 $2, $2, one, bias;
+                fma.rn.f16x2 $3, $3, one, bias;
+                fma.rn.f16x2 $4, $4, one, bias;
+                fma.rn.f16x2 $5, $5, one, bias;
+                fma.rn.f16x2 $6, $6, one, bias;
+                fma.rn.f16x2 $7, $7, one, bias;
+                }
+                """,
+                constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r",
+                args=[w], dtype=(tl.float16,) * 8, is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise(
+                asm="""
+                {
+                .reg .b32 t, u, one, bias;
+                mov.b32 one, 0x3F803F80;
+                mov.b32 bias, 0xC308C308;
+                prmt.b32 t, $8, $9, 0x4400;
+                lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA;
+                shr.b32 u, t, 4;
+                lop3.b32 $1, u, 0x000F000F, 0x43004300, 0xEA;
+                prmt.b32 t, $8, $9, 0x5511;
+                lop3.b32 $2, t, 0x000F000F, 0x43004300, 0xEA;
+                shr.b32 u, t, 4;
+                lop3.b32 $3, u, 0x000F000F, 0x43004300, 0xEA;
+                prmt.b32 t, $8, $9, 0x6622;
+                lop3.b32 $4, t, 0x000F000F, 0x43004300, 0xEA;
+                shr.b32 u, t, 4;
+                lop3.b32 $5, u, 0x000F000F, 0x43004300, 0xEA;
+                prmt.b32 t, $8, $9, 0x7733;
+                lop3.b32 $6, t, 0x000F000F, 0x43004300, 0xEA;
+                shr.b32 u, t, 4;
+                lop3.b32 $7, u, 0x000F000F, 0x43004300, 0xEA;
+                fma.rn.bf16x2 $0, $0, one, bias;
+                fma.rn.bf16x2 $1, $1, one, bias;
+                fma.rn.bf16x2 $2, $2, one, bias;
+                fma.rn.bf16x2 $3, $3, one, bias;
+                fma.rn.bf16x2 $4, $4, one, bias;
+                fma.rn.bf16x2 $5, $5, one, bias;
+                fma.rn.bf16x2 $6, $6, one, bias;
+                fma.rn.bf16x2 $7, $7, one, bias;
+                }
+                """,
+                constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r",
+                args=[w], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
+
+    @triton.jit
+    def _unpack_one(w, i: tl.constexpr, FP16: tl.constexpr, INTERPRET: tl.constexpr, BIASED: tl.constexpr):
+        # portable form of the same magic-number trick, one code per int32 lane. The
+        # interpreter mishandles int->bf16 casts and bf16 dots, so there it is plain fp32.
+        if INTERPRET:
+            if BIASED:
+                return (((w >> (4 * i)) & 0xF) + (1024 if FP16 else 128)).to(tl.float32)
+            return (((w >> (4 * i)) & 0xF) - 8).to(tl.float32)
+        elif FP16:
+            v = (((w >> (4 * i)) & 0xF) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+            if BIASED:
+                return v
+            return v - 1032.0
+        else:
+            v = (((w >> (4 * i)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            if BIASED:
+                return v
+            return v - 136.0
+
+    @triton.jit(do_not_specialize=["M", "num_kblocks"])
+    def _w4a16_gemm_kernel(
+        x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, xs_ptr,
+        M, N, K, stride_xm, stride_om, stride_qt, num_kblocks,
+        GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+        SPLIT_K: tl.constexpr, KPI: tl.constexpr, FP16: tl.constexpr, USE_ASM: tl.constexpr, INTERPRET: tl.constexpr,
+        EVEN_K: tl.constexpr, XSUM: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        pid_m = tl.program_id(2)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_j = tl.arange(0, 16)
+        n_in = offs_n < N
+        m_in = offs_m < M
+
+        # each split takes a whole number of KPI-block steps; only the last one can be ragged
+        per_split = tl.cdiv(tl.cdiv(num_kblocks, SPLIT_K), KPI) * KPI
+        kb_lo = pid_k * per_split
+        kb_hi = tl.minimum(kb_lo + per_split, num_kblocks)
+
+        # row n lives in 16-row tile n // 16 (stride_qt words per tile), 16 words per K block
+        w_ptrs = qw_ptr + (offs_n // 16)[:, None] * stride_qt + ((offs_n % 16) * 16)[:, None] + offs_j[None, :]
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_j[None, :]
+        SUBS: tl.constexpr = GROUP // 16 if GROUP < 128 else 8
+        GPB: tl.constexpr = 128 // GROUP if GROUP < 128 else 1
+        # XSUM: codes stay biased by BIAS in the dot; xs_ptr holds, per row of x and per
+        # scale unit (min(G, 128) of K), the fp32 sum of x, and BIAS * sum comes off in fp32
+        BIAS: tl.constexpr = 1032.0 if FP16 else 136.0
+        UNITS = num_kblocks * GPB  # scale units of min(G, 128) per row of xs
+
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for kb0 in range(kb_lo, kb_hi, KPI):
+            for kk in tl.static_range(KPI):
+                kb = kb0 + kk
+                if KPI == 1:
+                    w = tl.load(w_ptrs + kb * 256, mask=n_in[:, None], other=0)
+                    x_in = m_in
+                    s_in = n_in
+                else:
+                    # a ragged last step: block kb may lie past this split's range
+                    s_in = n_in & (tl.full([BLOCK_N], kb, tl.int32) < kb_hi)
+                    x_in = m_in & (tl.full([BLOCK_M], kb, tl.int32) < kb_hi)
+                    w = tl.load(w_ptrs + kb * 256, mask=s_in[:, None], other=0)
+                if USE_ASM:
+                    qs = _unpack_asm(w, FP16, XSUM)
+                part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+                for i in tl.static_range(8):
+                    if USE_ASM:
+                        q = qs[i]
+                    else:
+                        q = _unpack_one(w, i, FP16, INTERPRET, XSUM)
+                    k0 = kb * 128 + 16 * i
+                    if EVEN_K:
+                        xs = tl.load(x_ptrs + k0, mask=x_in[:, None], other=0.0)
+                    else:
+                        xs = tl.load(x_ptrs + k0, mask=x_in[:, None] & (k0 + offs_j[None, :] < K), other=0.0)
+                    if INTERPRET:
+                        part = tl.dot(q, tl.trans(xs).to(tl.float32), part, input_precision="ieee")
+                    else:
+                        part = tl.dot(q, tl.trans(xs), part)
+                    if (i + 1) % SUBS == 0:
+                        if GROUP < 128:
+                            g = kb * GPB + i // SUBS
+                        else:
+                            g = (kb * 128) // GROUP
+                        s = tl.load(s_ptr + g * N + offs_n, mask=s_in, other=0.0).to(tl.float32)
+                        if XSUM:
+                            unit = kb * GPB + i // SUBS
+                            xsum = tl.load(xs_ptr + offs_m * UNITS + unit, mask=x_in, other=0.0)
+                            part = part - BIAS * xsum[None, :]
+                        acc += part * s[:, None]
+                        part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+
+        out_offs = offs_m[None, :] * stride_om + offs_n[:, None]
+        o_mask = n_in[:, None] & m_in[None, :]
+        if SPLIT_K == 1:
+            tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=o_mask)
+        else:
+            ws_offs = offs_m[None, :] * N + offs_n[:, None]
+            tl.store(ws_ptr + pid_k * M * N + ws_offs, acc, mask=o_mask)
+            # every thread's partial is issued before the (single-thread) release below
+            tl.debug_barrier()
+            tile = pid_m * tl.num_programs(0) + pid_n
+            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if ticket == SPLIT_K - 1:
+                total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+                for sk in tl.static_range(SPLIT_K):
+                    total += tl.load(ws_ptr + sk * M * N + ws_offs, mask=o_mask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=o_mask)
+                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+
+
+# --------------------------------------------------------------------------------------
+# configs
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    block_n: int = 64
+    block_m: int = 16
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+    k_per_iter: int = 1   # 128-wide K blocks per loop iteration (1 or 2)
+    xsum: bool = False    # keep the +136/+1032 code bias in the dot, subtract it per group in fp32
+    max_regs: int = 0     # register cap per thread (CUDA .maxnreg); 0 = compiler's choice
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def block_m_for(m: int) -> int:
+    return 16 if m <= 16 else (32 if m <= 32 else 64)
+
+
+def m_bucket(m: int) -> int:
+    """The tuned M a batch of ``m`` rows (<= MAX_KERNEL_M) uses: the smallest tuned M >= m."""
+    for t in TUNED_M:
+        if m <= t:
+            return t
+    return TUNED_M[-1]
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def default_config(m: int, n: int, k: int, num_sms: int = 132) -> Config:
+    """An untuned config that fills the GPU: 64-row weight tiles, split K until there are
+    at least as many programs as SMs, keeping >= 4 K blocks per split."""
+    bm = block_m_for(min(m, MAX_KERNEL_M))
+    bn = 128 if n >= 128 * num_sms else 64
+    tiles = -(-n // bn) * -(-min(m, LARGE_M) // bm)
+    kblocks = layout.padded_k(k) // layout.KBLOCK
+    split = 1
+    while tiles * split < num_sms and split < 8 and kblocks // (split * 2) >= 4:
+        split *= 2
+    return Config(block_n=bn, block_m=bm, split_k=split, num_warps=4, num_stages=4)
+
+
+def device_key(device: torch.device) -> str:
+    """File stem of a device's config table: 'nvidia_h200', 'gfx1201', ..."""
+    if device.type != "cuda":
+        return device.type
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        return props.gcnArchName.split(":")[0]
+    return re.sub(r"[^a-z0-9]+", "_", props.name.lower()).strip("_")
+
+
+def config_path(key: str) -> Path:
+    return CONFIG_DIR / f"{key}.json"
+
+
+@functools.cache
+def load_table(key: str) -> dict[tuple[int, int, int], dict[int, Config]]:
+    """{(N, K, G): {tuned M: Config}} from the device's JSON; {} if there is none."""
+    path = config_path(key)
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        table: dict[tuple[int, int, int], dict[int, Config]] = {}
+        for entry in data["configs"]:
+            key3 = (int(entry["n"]), int(entry["k"]), int(entry["group_size"]))
+            table.setdefault(key3, {})[int(entry["m"])] = Config(**entry["config"])
+        return table
+    except Exception as exc:  # a broken table must not take the op down: defaults are correct
+        logger.warning("radiance: ignoring unreadable w4a16 config table %s: %s", path, exc)
+        return {}
+
+
+def lookup_config(m: int, n: int, k: int, group_size: int, device: torch.device) -> Config:
+    """The tuned config for this shape and batch, else ``default_config``. Cached: this sits on
+    the launch path of every call."""
+    mkey = m_bucket(m) if m <= MAX_KERNEL_M else -(-m // MAX_KERNEL_M) * MAX_KERNEL_M
+    return _lookup(mkey, n, k, group_size, device.type, device.index)
+
+
+@functools.lru_cache(maxsize=4096)
+def _lookup(mkey: int, n: int, k: int, group_size: int, dev_type: str, dev_index: int | None) -> Config:
+    device = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
+    by_m = load_table(device_key(device)).get((n, k, group_size))
+    if by_m:
+        cfg = by_m.get(m_bucket(min(mkey, MAX_KERNEL_M)))
+        if cfg is not None:
+            return dataclasses.replace(cfg, block_m=MAX_KERNEL_M) if mkey > MAX_KERNEL_M else cfg
+    sms = _num_sms(dev_index or 0) if dev_type == "cuda" else 132
+    return default_config(mkey, n, k, sms)
+
+
+def clear_caches() -> None:
+    """Forget loaded tables and looked-up configs (after ``--tune`` rewrote a table)."""
+    load_table.cache_clear()
+    _lookup.cache_clear()
+
+
+# --------------------------------------------------------------------------------------
+# launcher
+# --------------------------------------------------------------------------------------
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    # Per (device, stream): two split-K launches on one stream are ordered, on two streams
+    # they could interleave tickets. Sized to a power of two so capture-time growth is rare.
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        size = 1 << max(12, (n - 1).bit_length())
+        buf = torch.zeros(size, dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+_DUMMY: dict[tuple, torch.Tensor] = {}
+
+
+def _dummy_ws(device: torch.device) -> torch.Tensor:
+    key = (device.type, device.index)
+    if key not in _DUMMY:
+        _DUMMY[key] = torch.zeros(1, dtype=torch.float32, device=device)
+    return _DUMMY[key]
+
+
+def _use_asm(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.version.hip is None and not _interpreting()
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
+                      config: Config | None = None) -> torch.Tensor:
+    """The Triton kernel for ``M <= LARGE_M`` (larger M is tiled too, but see the op)."""
+    if not HAS_TRITON:
+        raise RuntimeError("triton is not importable")
+    m, k = x.shape
+    n = scales.shape[1]
+    kp = qweight.shape[1] * layout.KBLOCK
+    if x.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"activations must be bf16 or fp16, got {x.dtype}")
+    if layout.padded_k(k) != kp or not qweight.is_contiguous():
+        raise ValueError(f"x has K={k}, packed weight holds Kp={kp} (contiguous: {qweight.is_contiguous()})")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    cfg = config or lookup_config(m, n, k, group_size, x.device)
+    kblocks = kp // layout.KBLOCK
+    split = max(1, min(cfg.split_k, kblocks))
+    grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
+    if split > 1:
+        ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+        cnt = _counters(x.device, grid[0] * grid[2])
+    else:
+        # unused, but typed as in the split-K launch: one compiled signature for both
+        ws, cnt = _dummy_ws(x.device), _counters(x.device, 1)
+    if cfg.xsum:
+        unit = min(group_size, layout.KBLOCK)
+        xs = torch.zeros((m, kp // unit), dtype=torch.float32, device=x.device)
+        torch.sum(x.reshape(m, k // unit, unit), dim=-1, dtype=torch.float32, out=xs[:, : k // unit])
+    else:
+        xs = _dummy_ws(x.device)
+    extra = {"maxnreg": cfg.max_regs} if cfg.max_regs else {}
+    _w4a16_gemm_kernel[grid](
+        x, qweight, scales, out, ws, cnt, xs,
+        m, n, k, x.stride(0), out.stride(0), qweight.stride(0), kblocks,
+        GROUP=group_size, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, SPLIT_K=split, KPI=cfg.k_per_iter,
+        FP16=x.dtype == torch.float16, USE_ASM=_use_asm(x.device), INTERPRET=_interpreting(),
+        EVEN_K=k % layout.KBLOCK == 0, XSUM=cfg.xsum,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
+    )
+    return out
+
+
+def _dequant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    m, k = x.shape
+    n = scales.shape[1]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    rows = max(256, (1 << 24) // k) // layout.ROW_TILE * layout.ROW_TILE  # <= 64 MiB fp32 per chunk
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        w = layout.dequantize(qweight[r0 // layout.ROW_TILE: layout.row_tiles(r1)], scales[:, r0:r1], k,
+                              group_size, dtype=x.dtype, rows=rows)
+        out[:, r0:r1] = torch.matmul(x, w.t())
+        del w
+    return out
+
+
+def w4a16_gemm_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dequantise (exactly, fp32) and matmul in fp32; output in x's dtype. Row-chunked."""
+    m, k = x.shape
+    n = scales.shape[1]
+    x32 = x.float()
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    rows = max(256, (1 << 24) // max(k, 1)) // layout.ROW_TILE * layout.ROW_TILE
+    for r0 in range(0, n, rows):
+        r1 = min(r0 + rows, n)
+        w = layout.dequantize(qweight[r0 // layout.ROW_TILE: layout.row_tiles(r1)], scales[:, r0:r1], k,
+                              group_size, dtype=torch.float32, rows=rows)
+        out[:, r0:r1] = (x32 @ w.t()).to(x.dtype)
+    return out
+
+
+def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [M, K], got {tuple(x.shape)}")
+    if qweight.dtype != torch.int32 or qweight.dim() != 4 or scales.dim() != 2:
+        raise ValueError(f"qweight must be int32 [Np/16, Kp/128, 16, 16] and scales [Kp/G, N], got "
+                         f"{qweight.dtype} {tuple(qweight.shape)}, {tuple(scales.shape)}")
+    layout.check_group_size(x.shape[1], group_size)
+    want_q, want_s = layout.packed_shapes(scales.shape[1], x.shape[1], group_size)
+    if tuple(qweight.shape) != want_q or tuple(scales.shape) != want_s:
+        raise ValueError(f"packed shapes {tuple(qweight.shape)}, {tuple(scales.shape)} do not match "
+                         f"K={x.shape[1]}, G={group_size} (want {want_q}, {want_s})")
+
+
+@torch.library.custom_op("radiance::w4a16_gemm", mutates_args=())
+def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``x [M, K] @ W^T`` for a packed 4-bit W; Triton on GPU tensors, the reference elsewhere."""
+    _check(x, qweight, scales, group_size)
+    if use_triton(x, qweight, scales) and x.dtype in (torch.bfloat16, torch.float16):
+        if x.shape[0] > LARGE_M:
+            return _dequant_matmul(x, qweight, scales, group_size)
+        return w4a16_gemm_triton(x, qweight, scales, group_size)
+    return w4a16_gemm_reference(x, qweight, scales, group_size)
+
+
+@w4a16_gemm.register_fake
+def _w4a16_gemm_fake(x, qweight, scales, group_size):
+    return x.new_empty((x.shape[0], scales.shape[1]))
+
+
+# --------------------------------------------------------------------------------------
+# ahead-of-time specs
+# --------------------------------------------------------------------------------------
+_SIGNATURE = {
+    "x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "out_ptr": "*bf16",
+    "ws_ptr": "*fp32", "cnt_ptr": "*i32", "xs_ptr": "*fp32",
+    "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32",
+    "stride_qt": "i32", "num_kblocks": "i32",
+    "GROUP": "constexpr", "BLOCK_N": "constexpr", "BLOCK_M": "constexpr", "SPLIT_K": "constexpr",
+    "KPI": "constexpr",
+    "FP16": "constexpr", "USE_ASM": "constexpr", "INTERPRET": "constexpr", "EVEN_K": "constexpr",
+    "XSUM": "constexpr",
+}
+
+if HAS_TRITON:
+    # The variants the decode band ships: portable unpack for every arch (ROCm compiles
+    # these), and the PTX unpack for CUDA archs.
+    for _dt in ("bf16", "fp16"):
+        for _bn, _bm, _sk in ((64, 16, 1), (64, 16, 4), (128, 64, 1)):
+            for _asm, _archs in ((False, ()), (True, ("sm90", "sm89", "sm80"))):
+                _sig = dict(_SIGNATURE, x_ptr=f"*{_dt}", s_ptr=f"*{_dt}", out_ptr=f"*{_dt}")
+                aot.register(aot.AotSpec(
+                    name=f"w4a16_gemm[{_dt},BN{_bn},BM{_bm},SK{_sk}{',ptx' if _asm else ''}]",
+                    feature="w4", kernel=_w4a16_gemm_kernel, signature=_sig,
+                    constexprs={"GROUP": 128, "BLOCK_N": _bn, "BLOCK_M": _bm, "SPLIT_K": _sk, "KPI": 1,
+                                "FP16": _dt == "fp16", "USE_ASM": _asm, "INTERPRET": False, "EVEN_K": True,
+                                "XSUM": False},
+                    archs=_archs, num_warps=4, num_stages=3))

@@ -1,0 +1,162 @@
+"""int4-head: the target's lm_head quantised to 4 bits (W4A16) right after it loads.
+
+Why: at decode the head is the single largest weight a step reads (248320 x 5120 bf16 is
+2.4 GiB, twice per speculative step when the MTP drafter shares it); 4.25 bits per weight
+is 0.61 GiB. This changes the target's numerics (the head decides the argmax), so it ships
+only behind the accept-length / GSM8K gate; docs/benchmarks.md has the argmax agreement and
+top-16 overlap measured offline.
+
+Where it hooks (vLLM 0.32.0): Qwen3-Next builds its ``ParallelLMHead`` without a quant
+config, so the head's method is ``UnquantizedEmbeddingMethod``; its
+``process_weights_after_loading`` is wrapped. For the target's head (outside the drafter's
+load, see ``radiance.w4.scope``) the loaded bf16 weight is quantised in row chunks (group G,
+bf16 scales, clip search; ``radiance.w4.quant``) *during* model loading, and the bf16 weight
+is freed there, so vLLM's KV-cache profiling, which runs after loading, sees the memory.
+The module keeps its name and class; only ``quant_method`` changes, and
+``LogitsProcessor`` calls its ``apply``. Vocabulary padding rows are zero and quantise to
+zero codes and scales. The MTP drafter aliases the target's head after it loads
+(``_maybe_share_lm_head``), so every draft step uses the 4-bit head too.
+
+Declined (stock head, one log line): a head tied to the input embedding (it is also read by
+``embedding()``), a ``head_dtype`` override (``LogitsProcessor`` then bypasses ``apply``),
+any head whose method is not exactly ``UnquantizedEmbeddingMethod`` (an fp8 or otherwise
+quantised head is configured), K not a multiple of G, or a failed kernel self-check.
+
+Knobs: RADIANCE_INT4_HEAD (on/off), RADIANCE_W4_GROUP_SIZE (G).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from .. import envs
+from ..patching import Patch, resolve
+from ..w4 import convert
+from ..w4.patch_drafter import group_size_problem
+from ..w4.scope import DRAFT_SCOPE
+
+logger = logging.getLogger("radiance")
+
+_EMB = "vllm.model_executor.layers.vocab_parallel_embedding"
+_HOOK = f"{_EMB}.UnquantizedEmbeddingMethod.process_weights_after_loading"
+
+
+class Int4HeadMethod(convert.W4Method):
+    """lm_head method: logits through the 4-bit GEMM; the head is never an embedding."""
+
+    def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("radiance int4-head: a 4-bit lm_head cannot be used as an embedding "
+                           "(tied heads are declined at load; this one was not tied)")
+
+
+def _model_config():
+    try:
+        from vllm.config import get_current_vllm_config
+
+        cfg = get_current_vllm_config()
+        return cfg.model_config if cfg is not None else None
+    except Exception:
+        return None
+
+
+class Int4HeadPatch(Patch):
+    name = "int4_head.lm_head"
+    feature = "int4_head"
+    enable_knob = "RADIANCE_INT4_HEAD"
+    where = "any"  # class attributes only; conversion happens where the model loads
+    hook_points = (
+        _HOOK,
+        f"{_EMB}.ParallelLMHead",
+        "vllm.model_executor.layers.logits_processor.LogitsProcessor._apply_head",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.group_size = 128
+        self.converted: list[tuple[str, tuple[int, int]]] = []
+
+    def guard(self) -> str | None:
+        try:
+            self.group_size = envs.get("RADIANCE_W4_GROUP_SIZE")
+        except envs.KnobError as exc:
+            return str(exc)
+        problem = group_size_problem(self.group_size)
+        if problem:
+            return f"RADIANCE_W4_GROUP_SIZE={self.group_size}: {problem}"
+        if not DRAFT_SCOPE.applied:
+            return "the drafter-load bracket (w4.draft_scope) is not installed"
+        return None
+
+    def apply(self) -> None:
+        owner, attr, orig = resolve(_HOOK)
+        self.replace(owner, attr, self._wrap(orig))
+
+    def _wrap(self, orig):
+        @functools.wraps(orig)
+        def process_weights_after_loading(method, layer):
+            if not self.latched_off and not DRAFT_SCOPE.active():
+                try:
+                    if self._convert(method, layer):
+                        return None
+                except Exception as exc:  # fail closed: the head is untouched, stock runs
+                    self.latch_off(f"converting the lm_head: {type(exc).__name__}: {exc}")
+            return orig(method, layer)
+
+        return process_weights_after_loading
+
+    def decline_reason(self, method, layer) -> str | None:
+        from vllm.model_executor.layers.vocab_parallel_embedding import (
+            ParallelLMHead,
+            UnquantizedEmbeddingMethod,
+        )
+
+        if not isinstance(layer, ParallelLMHead):
+            return "not an lm_head"
+        if type(method) is not UnquantizedEmbeddingMethod:
+            return f"the head already has a quantised method ({type(method).__name__})"
+        w = getattr(layer, "weight", None)
+        if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.is_meta or w.numel() == 0:
+            return "no loaded 2-D weight"
+        if w.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            return f"weight dtype {w.dtype}"
+        if w.shape[1] % self.group_size:
+            return f"hidden size {w.shape[1]} is not a multiple of the group size {self.group_size}"
+        mc = _model_config()
+        if mc is not None:
+            if getattr(getattr(mc, "hf_config", None), "tie_word_embeddings", False):
+                return "the head is tied to the input embedding"
+            head_dtype = getattr(mc, "head_dtype", None)
+            if head_dtype is not None and head_dtype != w.dtype:
+                return f"head_dtype={head_dtype} makes LogitsProcessor bypass the head's apply()"
+        return None
+
+    def _convert(self, method, layer) -> bool:
+        reason = self.decline_reason(method, layer)
+        if reason is not None:
+            if reason != "not an lm_head":
+                logger.warning("radiance: int4-head declined for %s: %s", getattr(layer, "prefix", "lm_head"), reason)
+            return False
+        w = layer.weight
+        act_dtype = w.dtype if w.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        problem = convert.kernel_self_check(w.device, act_dtype, self.group_size)
+        if problem:
+            self.latch_off(problem)
+            return False
+        before = w.numel() * w.element_size()
+        qweight, scales = convert.quantize_weight(w.data, self.group_size, act_dtype)
+        convert.install_packed(layer, method, qweight, scales, self.group_size, method_cls=Int4HeadMethod)
+        after = qweight.numel() * 4 + scales.numel() * scales.element_size()
+        shape = (int(scales.shape[1]), int(w.shape[1]))
+        self.converted.append((getattr(layer, "prefix", "lm_head"), shape))
+        logger.info("radiance: int4-head: %s [%d, %d] -> 4-bit g%d, %.2f GiB -> %.2f GiB",
+                    getattr(layer, "prefix", "lm_head") or "lm_head", shape[0], shape[1], self.group_size,
+                    before / 2**30, after / 2**30)
+        del w
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # so vLLM's KV-cache profiling sees the freed head
+        return True
+
+
+PATCHES = [DRAFT_SCOPE, Int4HeadPatch()]

@@ -1,0 +1,213 @@
+"""w4-drafter: the drafter's dense linears in 4 bits (W4A16), converted while the drafter loads.
+
+Why it is safe for the drafter and not for the target: a drafter only proposes; the target
+verifies every token, so a weight error costs acceptance, never correctness. Whether the
+acceptance cost is worth the bytes is measured by the gate, not argued here.
+
+Where it hooks (vLLM 0.32.0):
+
+``UnquantizedLinearMethod.process_weights_after_loading`` and
+``Fp8LinearMethod.process_weights_after_loading`` (wrapped)
+    while ``DRAFT_SCOPE`` is active (inside the drafter's ``_get_model``; see ``scope``),
+    an eligible linear is quantised from its just-loaded weight -- bf16/fp16 directly, a
+    block-fp8 checkpoint dequantised with its own block scales first -- *instead of* the
+    stock processing (which on CPU would pack the weight into oneDNN and free it, and for
+    fp8 would re-lay it out for its kernel). Outside the bracket, and for every layer that
+    is declined, the stock method runs untouched. The target is loaded before the drafter,
+    outside the bracket, so it is never converted.
+
+What is declined, and logged once per shape:
+    ``fc`` (MTP and DFlash): it combines the target's hidden states over the step's whole
+    token count, prefill chunks included, and a weight-streaming kernel re-reads the weight
+    per 64 rows; MoE router gates (``gate``, ``shared_expert_gate``): tiny, and routing is
+    the sensitive part; layers whose K is not a multiple of the group size; per-tensor fp8
+    and pre-processed weights. MoE experts are not linears (FusedMoE) and stay as they are.
+    If a drafter load converts nothing, the feature reports itself declined.
+
+Knobs: RADIANCE_W4_DRAFTER (on/off), RADIANCE_W4_GROUP_SIZE (G).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from .. import envs
+from ..patching import Outcome, Patch, report, resolve
+from . import convert, layout
+from .scope import DRAFT_SCOPE
+
+logger = logging.getLogger("radiance")
+
+_UNQUANT = "vllm.model_executor.layers.linear.UnquantizedLinearMethod.process_weights_after_loading"
+_FP8 = "vllm.model_executor.layers.quantization.fp8.Fp8LinearMethod.process_weights_after_loading"
+
+# Last component of a layer's prefix -> why it is never converted.
+DECLINED_NAMES = {
+    "fc": "sees the step's whole token count (prefill chunks) every step",
+    "gate": "MoE router (tiny; routing is the sensitive part)",
+    "shared_expert_gate": "MoE gate (tiny)",
+}
+
+
+def group_size_problem(g: int) -> str | None:
+    try:
+        layout.check_group_size(g, g)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+class W4DrafterPatch(Patch):
+    name = "w4_drafter.linears"
+    feature = "w4_drafter"
+    enable_knob = "RADIANCE_W4_DRAFTER"
+    where = "any"  # class attributes only; conversion happens where the drafter loads
+    hook_points = (_UNQUANT, "vllm.model_executor.layers.linear.LinearBase")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.group_size = 128
+        self._noted: set[tuple] = set()
+        self._load = {"converted": 0, "declined": 0, "before": 0, "after": 0}
+        self.converted_total = 0
+
+    def guard(self) -> str | None:
+        try:
+            self.group_size = envs.get("RADIANCE_W4_GROUP_SIZE")
+        except envs.KnobError as exc:
+            return str(exc)
+        problem = group_size_problem(self.group_size)
+        if problem:
+            return f"RADIANCE_W4_GROUP_SIZE={self.group_size}: {problem}"
+        if not DRAFT_SCOPE.applied:
+            return "the drafter-load bracket (w4.draft_scope) is not installed"
+        return None
+
+    def apply(self) -> None:
+        owner, attr, orig = resolve(_UNQUANT)
+        self.replace(owner, attr, self._wrap(orig, "bf16"))
+        try:
+            owner8, attr8, orig8 = resolve(_FP8)
+        except LookupError:
+            logger.info("radiance: w4-drafter: no Fp8LinearMethod in this vLLM; bf16 drafters only")
+        else:
+            self.replace(owner8, attr8, self._wrap(orig8, "fp8"))
+        DRAFT_SCOPE.on_exit(self._load_finished)
+
+    def revert(self) -> None:
+        DRAFT_SCOPE.off_exit(self._load_finished)
+        super().revert()
+
+    # -- hooks ------------------------------------------------------------------------
+    def _wrap(self, orig, kind: str):
+        @functools.wraps(orig)
+        def process_weights_after_loading(method, layer):
+            if not self.latched_off and DRAFT_SCOPE.active():
+                try:
+                    if self._convert(method, layer, kind):
+                        return None
+                except Exception as exc:  # fail closed: the layer is untouched, stock runs
+                    self.latch_off(f"converting {getattr(layer, 'prefix', '?')}: {type(exc).__name__}: {exc}")
+            return orig(method, layer)
+
+        return process_weights_after_loading
+
+    def _load_finished(self) -> None:
+        stats, self._load = self._load, {"converted": 0, "declined": 0, "before": 0, "after": 0}
+        if stats["converted"] == 0:
+            if not self.latched_off:  # a latch has already said why
+                reason = (f"the drafter has no convertible linears ({stats['declined']} declined); "
+                          "it runs as loaded")
+                logger.warning("radiance: w4-drafter declined: %s", reason)
+                report().record(Outcome(self.name, self.feature, "declined", reason))
+            return
+        self.converted_total += stats["converted"]
+        logger.info("radiance: w4-drafter converted %d drafter linears: %.1f MiB -> %.1f MiB",
+                    stats["converted"], convert.mib(stats["before"]), convert.mib(stats["after"]))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # so vLLM's KV-cache profiling sees the freed weights
+
+    # -- conversion -------------------------------------------------------------------
+    def _note(self, kind: str, layer, shape, verdict: str) -> None:
+        key = (kind, tuple(shape), verdict)
+        if key not in self._noted:
+            self._noted.add(key)
+            logger.info("radiance: w4-drafter: %s %s %s: %s", kind, "x".join(map(str, shape)),
+                        getattr(layer, "prefix", "") or type(layer).__name__, verdict)
+
+    def decline_reason(self, method, layer, kind: str) -> str | None:
+        from vllm.model_executor.layers.linear import LinearBase
+
+        if not isinstance(layer, LinearBase):
+            return "not a linear layer"
+        last = (getattr(layer, "prefix", "") or "").rsplit(".", 1)[-1]
+        if last in DECLINED_NAMES:
+            return f"declined: {last} {DECLINED_NAMES[last]}"
+        w = getattr(layer, "weight", None)
+        if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.is_meta or w.numel() == 0:
+            return "declined: no loaded 2-D weight"
+        n, k = w.shape
+        if k % self.group_size or n < 16:
+            return f"declined: K={k} is not a multiple of the group size {self.group_size}" if k % self.group_size \
+                else f"declined: N={n} too small to be worth it"
+        if kind == "bf16":
+            if w.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+                return f"declined: weight dtype {w.dtype}"
+            return None
+        if not getattr(method, "block_quant", False):
+            return "declined: fp8 without block scales (per-tensor/channel fp8 is not handled)"
+        try:
+            from vllm.model_executor.utils import is_weights_pre_processed
+        except ImportError:
+            is_weights_pre_processed = None
+        if is_weights_pre_processed is not None and is_weights_pre_processed():
+            return "declined: weights arrive pre-processed"
+        scale = getattr(layer, "weight_scale_inv", None)
+        block = getattr(method, "weight_block_size", None)
+        if scale is None or block is None or scale.dim() != 2:
+            return "declined: no block scales on the layer"
+        bn, bk = int(block[0]), int(block[1])
+        if tuple(scale.shape) != (-(-n // bn), -(-k // bk)):
+            return f"declined: block scales {tuple(scale.shape)} do not match {n}x{k} / {bn}x{bk}"
+        return None
+
+    def _convert(self, method, layer, kind: str) -> bool:
+        reason = self.decline_reason(method, layer, kind)
+        w = getattr(layer, "weight", None)
+        shape = tuple(w.shape) if isinstance(w, torch.Tensor) else ()
+        if reason is not None:
+            if reason != "not a linear layer":
+                self._load["declined"] += 1
+                self._note(kind, layer, shape, reason)
+            return False
+        if kind == "fp8":
+            act_dtype = getattr(layer, "orig_dtype", None) or torch.bfloat16
+        else:
+            act_dtype = w.dtype if w.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        problem = convert.kernel_self_check(w.device, act_dtype, self.group_size)
+        if problem:
+            self.latch_off(problem)
+            return False
+        before = w.numel() * w.element_size()
+        if kind == "fp8":
+            src = convert.dequant_block_fp8(w.data, layer.weight_scale_inv.data,
+                                            tuple(int(b) for b in method.weight_block_size), act_dtype)
+        else:
+            src = w.data
+        qweight, scales = convert.quantize_weight(src, self.group_size, act_dtype)
+        del src
+        convert.install_packed(layer, method, qweight, scales, self.group_size)
+        if kind == "fp8":
+            layer.weight_scale_inv = torch.nn.Parameter(
+                torch.empty(0, dtype=layer.weight_scale_inv.dtype, device=qweight.device), requires_grad=False)
+        after = qweight.numel() * 4 + scales.numel() * scales.element_size()
+        self._load["converted"] += 1
+        self._load["before"] += before
+        self._load["after"] += after
+        self._note(kind, layer, shape, f"converted ({convert.mib(before):.1f} -> {convert.mib(after):.1f} MiB)")
+        return True
+
+
+PATCHES = [DRAFT_SCOPE, W4DrafterPatch()]

@@ -1,0 +1,92 @@
+"""Which weight load is the drafter's: a bracket around the proposer's ``_get_model``.
+
+vLLM 0.32 loads the target first (``GPUModelRunner.load_model`` -> ``get_model``) and then the
+drafter (``SpecDecodeBaseProposer.load_model`` -> ``self._get_model()``), in the same process,
+through the same loader, so the per-layer hooks (``process_weights_after_loading``) cannot
+tell the two apart by themselves. This patch wraps ``_get_model`` so that everything loaded
+inside it is known to be the drafter's: the w4-drafter patch converts only inside the
+bracket, the int4-head patch only outside it. ``_get_model`` returns before
+``_maybe_share_embeddings`` / ``_maybe_share_lm_head`` alias the target's modules into the
+drafter, so nothing of the target is ever processed inside the bracket.
+
+One instance (``DRAFT_SCOPE``) is listed in the ``PATCHES`` of both features; the registry
+installs it once ("already applied" the second time).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+from collections.abc import Callable
+
+from ..patching import Patch, resolve
+
+logger = logging.getLogger("radiance")
+
+_BASE = "vllm.v1.spec_decode.llm_base_proposer.SpecDecodeBaseProposer._get_model"
+# DraftModelProposer (a separate draft model) overrides _get_model without calling the base.
+_OPTIONAL = ("vllm.v1.spec_decode.draft_model.DraftModelProposer._get_model",)
+
+
+class DraftLoadScope(Patch):
+    name = "w4.draft_scope"
+    feature = ""
+    hook_points = (_BASE,)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._local = threading.local()
+        self._exit_hooks: list[Callable[[], None]] = []
+
+    # -- state ------------------------------------------------------------------------
+    def active(self) -> bool:
+        """True while a drafter's weights are being loaded (in this thread)."""
+        return getattr(self._local, "depth", 0) > 0
+
+    def on_exit(self, hook: Callable[[], None]) -> None:
+        """Run ``hook`` when the outermost drafter load returns (once per load)."""
+        if hook not in self._exit_hooks:
+            self._exit_hooks.append(hook)
+
+    def off_exit(self, hook: Callable[[], None]) -> None:
+        if hook in self._exit_hooks:
+            self._exit_hooks.remove(hook)
+
+    @contextlib.contextmanager
+    def entered(self):
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.depth -= 1
+            if self._local.depth == 0:
+                for hook in list(self._exit_hooks):
+                    try:
+                        hook()
+                    except Exception as exc:  # a summary must never break the load
+                        logger.warning("radiance: drafter-load exit hook failed: %s", exc)
+
+    # -- patch ------------------------------------------------------------------------
+    def apply(self) -> None:
+        for path in (_BASE, *_OPTIONAL):
+            try:
+                owner, attr, orig = resolve(path)
+            except LookupError:
+                continue  # optional hook absent in this vLLM: nothing to bracket there
+            if path != _BASE and "_get_model" not in vars(owner):
+                continue
+            self.replace(owner, attr, self._wrap(orig))
+
+    def _wrap(self, orig: Callable) -> Callable:
+        # Not ``fail_closed``: the only thing that can raise in here is vLLM's own load, and
+        # running that a second time as a "fallback" would be wrong.
+        @functools.wraps(orig)
+        def _get_model(proposer, *args, **kwargs):
+            with self.entered():
+                return orig(proposer, *args, **kwargs)
+
+        return _get_model
+
+
+DRAFT_SCOPE = DraftLoadScope()

@@ -1,0 +1,314 @@
+"""fp8-stream guards, install/uninstall and the layer forward, against real vLLM 0.32.0
+Qwen3-Next modules built on CPU (the tiny test model's config, one gloo rank)."""
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from radiance.fp8_stream import contract  # noqa: E402
+from radiance.fp8_stream.patch import Fp8StreamPatch, install_on  # noqa: E402
+from radiance.fp8_stream.plan import (  # noqa: E402
+    FP8_INPUT_ATTR,
+    Fp8Input,
+    _consumer_format,
+    attention_consumers,
+    attention_row,
+    find_core,
+    mlp_row,
+    plan_stream,
+)
+from radiance.kernels.add_rms_quant import add_rms_quant_reference  # noqa: E402
+
+PER_TOKEN = Fp8Input(0, torch.float8_e4m3fn)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def build(shared_cache):
+    """build(dense=False) -> a fresh Qwen3NextForCausalLM (uninitialised weights) at TP=1;
+    dense=True: only the decoder core (the CausalLM wrapper insists on an MoE layer), every
+    MLP dense, so that every site has a linear consumer."""
+    from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM, Qwen3NextModel
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    from launcher import tinymodel
+
+    path = str(tinymodel.ensure(shared_cache))
+    configs = {}
+
+    def config(dense: bool) -> VllmConfig:
+        if dense not in configs:
+            overrides = {"mlp_only_layers": [0, 1, 2, 3]} if dense else {}
+            mc = ModelConfig(model=path, dtype="bfloat16", enforce_eager=True, hf_overrides=overrides)
+            configs[dense] = VllmConfig(model_config=mc)
+        return configs[dense]
+
+    with set_current_vllm_config(config(False)):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+        initialize_model_parallel(1, 1)
+
+    def make(dense: bool = False):
+        vc = config(dense)
+        # Layers register themselves by name; a rebuilt model would collide with the last.
+        vc.compilation_config.static_forward_context.clear()
+        with set_current_vllm_config(vc), set_default_torch_dtype(torch.bfloat16):
+            if dense:
+                return Qwen3NextModel(vllm_config=vc, prefix="model")
+            return Qwen3NextForCausalLM(vllm_config=vc, prefix="")
+
+    yield make
+    destroy_model_parallel()
+    destroy_distributed_environment()
+
+
+@pytest.fixture(scope="module")
+def stock_model(build):
+    return build(False)
+
+
+def mark_consumers(core, fmt=PER_TOKEN):
+    """What the W8A8 linear method and a tuple-aware GDN would declare."""
+    for layer in core.layers:
+        for _, module in attention_consumers(layer):
+            setattr(module, FP8_INPUT_ATTR, fmt)
+        setattr(layer.mlp.gate_up_proj, FP8_INPUT_ATTR, fmt)
+
+
+@pytest.fixture
+def dense_core(build):
+    core = find_core(build(True))
+    mark_consumers(core)
+    return core
+
+
+# --- model-wide guards -------------------------------------------------------------------
+
+def test_find_core(stock_model):
+    core = find_core(stock_model)
+    assert type(core).__name__ == "Qwen3NextModel" and len(core.layers) == 4
+
+
+def test_declines_at_tp1(stock_model):
+    assert "tensor parallel size is 1" in plan_stream(find_core(stock_model), 1, 1).declined
+
+
+def test_declines_with_pipeline_parallel(stock_model):
+    assert "pipeline parallel size is 2" in plan_stream(find_core(stock_model), 2, 2).declined
+
+
+def test_declines_with_aux_hidden_state_taps(stock_model):
+    core = find_core(stock_model)
+    core._set_aux_hidden_state_layers((1, 3))
+    try:
+        assert "auxiliary hidden-state taps at layers (1, 3)" in plan_stream(core, 2, 1).declined
+    finally:
+        core._set_aux_hidden_state_layers(())
+
+
+def test_declines_with_sequence_parallel_moe(stock_model, monkeypatch):
+    core = find_core(stock_model)
+    monkeypatch.setattr(core.layers[2], "use_attn_reduce_scatter_for_moe", True)
+    assert "sequence-parallel MoE" in plan_stream(core, 2, 1).declined
+
+
+def test_stock_qwen3next_declines_naming_the_consumer(stock_model):
+    """Stock vLLM: sparse-MoE MLPs and GDN attention take no (q, scale)."""
+    plan = plan_stream(find_core(stock_model), 2, 1)
+    assert plan.declined.startswith("no site qualifies (layer 0: post-attention: mlp "
+                                     "(Qwen3NextSparseMoeBlock) takes no pre-quantised input")
+    reasons = " ".join(r for lp in plan.layers for r in lp.reasons)
+    assert "linear_attn (QwenGatedDeltaNetAttention)" in reasons
+    assert "self_attn.qkv_proj (QKVParallelLinear)" in reasons
+
+
+# --- per-site decisions ------------------------------------------------------------------
+
+def test_dense_model_with_fp8_consumers_streams_every_site(dense_core):
+    plan = plan_stream(dense_core, 2, 1)
+    assert plan.declined is None
+    assert [lp.stream_mid for lp in plan.layers] == [True] * 4
+    assert [lp.stream_in for lp in plan.layers] == [False, True, True, True]
+    assert [lp.defer_down for lp in plan.layers] == [True, True, True, False]  # last: stock
+    assert (plan.n_in, plan.n_mid) == (3, 4)
+    assert "3 input + 4 post-attention epilogues over 4 layers" in plan.summary()
+
+
+def test_layer_scale_keeps_its_layer_and_neighbour_sites_stock(dense_core):
+    dense_core.layers[2].layer_scale = True
+    plan = plan_stream(dense_core, 2, 1)
+    l1, l2, l3 = plan.layers[1:]
+    assert not l2.patched and not l2.defer_down and "layer_scale is set" in l2.reasons
+    assert not l1.defer_down and "next layer stays stock (layer_scale is set)" in l1.reasons[0]
+    assert not l3.stream_in and l3.stream_mid
+
+
+def test_expert_gate_declines_the_layer(dense_core):
+    dense_core.layers[1].mlp.expert_gate = torch.nn.Linear(4, 1)
+    plan = plan_stream(dense_core, 2, 1)
+    assert not plan.layers[1].patched and "mlp.expert_gate is set" in plan.layers[1].reasons
+    assert not plan.layers[0].defer_down
+
+
+def test_unmarked_consumer_declines_its_site_only(dense_core):
+    delattr(dense_core.layers[3].self_attn.qkv_proj, FP8_INPUT_ATTR)
+    plan = plan_stream(dense_core, 2, 1)
+    assert not plan.layers[3].stream_in and plan.layers[3].stream_mid
+    assert not plan.layers[2].defer_down
+    assert any("self_attn.qkv_proj" in r for r in plan.layers[2].reasons)
+
+
+def test_row_with_bias_or_without_all_reduce_is_not_deferred(dense_core):
+    row = attention_row(dense_core.layers[0])
+    row.bias = torch.nn.Parameter(torch.zeros(row.output_size_per_partition))
+    mlp_row(dense_core.layers[1]).reduce_results = False
+    plan = plan_stream(dense_core, 2, 1)
+    assert not plan.layers[0].stream_mid and "attention output: has a bias" in plan.layers[0].reasons
+    assert not plan.layers[1].defer_down and "down_proj: does not all-reduce" in plan.layers[1].reasons
+
+
+def test_consumers_must_agree_on_the_format():
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    setattr(a, FP8_INPUT_ATTR, Fp8Input(0))
+    setattr(b, FP8_INPUT_ATTR, Fp8Input(128))
+    fmt, why = _consumer_format([("a", a), ("b", b)], "site")
+    assert fmt is None and "disagree" in why
+    setattr(b, FP8_INPUT_ATTR, Fp8Input(0))
+    assert _consumer_format([("a", a), ("b", b)], "site") == (Fp8Input(0), None)
+
+
+# --- install / uninstall -----------------------------------------------------------------
+
+def test_install_and_uninstall_round_trip(dense_core):
+    plan = plan_stream(dense_core, 2, 1)
+    layers = list(dense_core.layers)
+    done = contract.install(dense_core, plan)
+    assert len(done.rows) == 4 + 3 and all(not row.reduce_results for row in done.rows)
+    assert mlp_row(layers[3]).reduce_results  # the last layer's down_proj still reduces
+    assert [("forward" in layer.__dict__) for layer in layers] == [True] * 4
+    assert getattr(layers[0], contract.STATE_ATTR).stream_in is False
+    with pytest.raises(RuntimeError, match="already installed"):
+        contract.install(dense_core, plan)
+    assert contract.uninstall(dense_core)
+    assert all(row.reduce_results for row in done.rows)
+    assert not any("forward" in layer.__dict__ for layer in layers)
+    assert contract.installed(dense_core) is None and not contract.uninstall(dense_core)
+
+
+def test_declined_plan_cannot_be_installed(stock_model):
+    core = find_core(stock_model)
+    with pytest.raises(ValueError, match="declined"):
+        contract.install(core, plan_stream(core, 1, 1))
+
+
+# --- the layer forward under the contract -------------------------------------------------
+
+class _Recorder(torch.nn.Module):
+    """Stands in for attention / MLP: records its input, returns a fixed partial sum."""
+
+    def __init__(self, out: torch.Tensor):
+        super().__init__()
+        self.out = out
+        self.seen = None
+
+    def forward(self, hidden_states=None, positions=None):
+        self.seen = hidden_states
+        return self.out
+
+
+def test_stream_forward_dataflow(dense_core, monkeypatch):
+    """Partial sums are all-reduced by the next epilogue, with the right norm's weight."""
+    torch.manual_seed(0)
+    k = dense_core.config.hidden_size
+    layer = dense_core.layers[3]  # full attention; stream_in and stream_mid
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        norm.weight.data = (torch.randn(k) * 0.1).to(torch.bfloat16)
+    partial_attn = torch.randn(5, k).to(torch.bfloat16)
+    partial_mlp = torch.randn(5, k).to(torch.bfloat16)
+    reduced = []
+    monkeypatch.setattr(contract, "_all_reduce", lambda x: reduced.append(x) or x * 2)
+    contract.install(dense_core, plan_stream(dense_core, 2, 1))
+    layer.self_attn = _Recorder(partial_attn)
+    layer.mlp = _Recorder(partial_mlp)
+    try:
+        prev_partial = torch.randn(5, k).to(torch.bfloat16)
+        residual = (torch.randn(5, k) * 4).to(torch.bfloat16)
+        out, new_residual = layer(hidden_states=prev_partial, residual=residual,
+                                  positions=torch.arange(5))
+    finally:
+        contract.uninstall(dense_core)
+    assert len(reduced) == 2 and reduced[0] is prev_partial and reduced[1] is partial_attn
+    eps = layer.input_layernorm.variance_epsilon
+    q1, s1, r1 = add_rms_quant_reference(prev_partial * 2, residual, layer.input_layernorm.weight, eps)
+    q2, s2, r2 = add_rms_quant_reference(partial_attn * 2, r1, layer.post_attention_layernorm.weight, eps)
+    got_q1, got_s1 = layer.self_attn.seen
+    assert torch.equal(got_q1.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(got_s1, s1)
+    got_q2, got_s2 = layer.mlp.seen
+    assert torch.equal(got_q2.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(got_s2, s2)
+    assert out is partial_mlp  # stays partial: the next layer (or model.norm) finishes it
+    assert torch.equal(new_residual, r2)
+
+
+# --- the Patch -----------------------------------------------------------------------------
+
+def test_patch_hook_points_exist_in_pinned_vllm():
+    import vllm
+
+    assert Fp8StreamPatch().check(vllm.__version__) is None
+
+
+def test_install_on_logs_one_line(stock_model, dense_core, caplog):
+    caplog.set_level(logging.INFO, logger="radiance")
+    line = install_on(stock_model, sizes=(1, 1))
+    assert line.startswith("fp8-stream declined, stock contract: tensor parallel size is 1")
+    assert [r.getMessage() for r in caplog.records] == [f"radiance: {line}"]
+    assert install_on(torch.nn.Linear(2, 2), sizes=(2, 1)) == "not a Qwen3-Next model"
+    line = install_on(dense_core, sizes=(2, 1))
+    try:
+        assert line.startswith("fp8-stream installed: 3 input + 4 post-attention")
+        assert contract.installed(dense_core) is not None
+    finally:
+        contract.uninstall(dense_core)
+
+
+def test_aux_taps_after_install_take_the_contract_off(dense_core, caplog):
+    patch = Fp8StreamPatch()
+    patch.apply()
+    try:
+        contract.install(dense_core, plan_stream(dense_core, 2, 1))
+        dense_core._set_aux_hidden_state_layers((2,))
+        assert contract.installed(dense_core) is None
+        assert "auxiliary hidden-state taps were set at layers (2,)" in caplog.text
+    finally:
+        patch.revert()
+        dense_core._set_aux_hidden_state_layers(())
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+    from vllm.model_executor.models.interfaces import EagleModelMixin
+
+    assert not hasattr(BaseModelLoader, "_orig_load_model")
+    assert not hasattr(EagleModelMixin, "_orig__set_aux_hidden_state_layers")
+
+
+def test_patch_declines_when_a_relied_on_attribute_is_gone(monkeypatch):
+    import vllm
+
+    patch = Fp8StreamPatch()
+    monkeypatch.setattr(patch, "relied_on", patch.relied_on + ("vllm.distributed.no_such_thing",))
+    assert "vllm.distributed.no_such_thing missing" in patch.check(vllm.__version__)

@@ -1,0 +1,260 @@
+"""add_rms_quant: reference vs an independent (stock vLLM) formula on CPU, the reference's
+determinism, Triton vs reference bit for bit (interpreter on CPU, compiled on a GPU), the
+op's registration, and AOT builds for gfx1201 / gfx942."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from radiance.kernels import add_rms_quant as arq
+from radiance.kernels import aot
+
+M_SIZES = (1, 8, 64, 512, 4096)
+K_SIZES = (2048, 5120)
+FORMATS = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+GROUPS = (0, 128)
+EPS = 1e-6
+# (activation dtype, atol, rtol) of the normed activation against the stock formula: the
+# rsqrt and the variance's summation order may move it by one bf16 ulp (2^-8 relative).
+DTYPE_TOL = [(torch.bfloat16, 1e-5, 2.0 ** -7)]
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+
+
+def make_inputs(m, k, dtype=torch.bfloat16, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed * 1000003 + m * 31 + k)
+    # Partial sums from a RowParallel linear and a residual stream of growing magnitude,
+    # Gemma weights centred on 0 (applied as 1 + w).
+    y = (torch.randn(m, k, generator=g) * 2.0).to(dtype)
+    r = (torch.randn(m, k, generator=g) * 8.0).to(dtype)
+    w = (torch.randn(k, generator=g) * 0.2).to(dtype)
+    return y.to(device), r.to(device), w.to(device)
+
+
+def stock_norm(y, r, w, eps):
+    """vLLM 0.32.0 GemmaRMSNorm.forward_native -> ir fused_add_rms_norm, written out."""
+    x = y.to(torch.float32) + r.to(torch.float32)
+    new_r = x.to(y.dtype)
+    var = x.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(var + eps)
+    x = x.to(torch.float32) * (w.float() + 1.0)
+    return x.to(y.dtype), new_r
+
+
+def as_bytes(q):
+    return q.view(torch.uint8)
+
+
+# --- reference vs the independent formula (CPU) -----------------------------------------
+
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPE_TOL)
+@pytest.mark.parametrize("k", K_SIZES)
+@pytest.mark.parametrize("m", M_SIZES)
+def test_norm_matches_stock_formula(m, k, dtype, atol, rtol):
+    y, r, w = make_inputs(m, k, dtype)
+    normed, new_r = arq.add_rms_norm_reference(y, r, w, EPS)
+    want, want_r = stock_norm(y, r, w, EPS)
+    assert torch.equal(new_r, want_r)  # the residual has one rounding point in both
+    torch.testing.assert_close(normed, want, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("k", K_SIZES)
+@pytest.mark.parametrize("m", M_SIZES)
+def test_quant_matches_stock_formula(m, k, fmt, group):
+    y, r, w = make_inputs(m, k)
+    q, scale, new_r = arq.add_rms_quant_reference(y, r, w, EPS, group, fmt)
+    want, want_r = stock_norm(y, r, w, EPS)
+    assert q.dtype == fmt and q.shape == (m, k)
+    assert scale.dtype == torch.float32 and scale.shape == ((m, k // group) if group else (m, 1))
+    assert torch.equal(new_r, want_r)
+    fmax = arq.fp8_max(fmt)
+    groups = want.float().view(m, -1, group or k)
+    want_scale = (groups.abs().amax(-1) / fmax).clamp(min=arq.min_scale(fmt))
+    torch.testing.assert_close(scale, want_scale, atol=0, rtol=2.0 ** -7)
+    # Dequantised codes sit within half an fp8 step (2^-4 relative) of the stock activation,
+    # plus one bf16 ulp; near zero within half the smallest subnormal step.
+    deq = q.float().view(m, -1, group or k) * scale.unsqueeze(-1)
+    sub = 2.0 ** (-10 if fmt == torch.float8_e4m3fnuz else -9)
+    atol = (scale.unsqueeze(-1) * sub).expand_as(deq)
+    err = (deq - groups).abs()
+    assert bool((err <= groups.abs() * (2.0 ** -4 + 2.0 ** -7) + atol).all())
+    # Nothing clips: the largest code of each group is the format's max (up to rounding).
+    assert deq.abs().amax(-1).sub(groups.abs().amax(-1)).abs().max() <= scale.max() * fmax * 2 ** -4
+
+
+def test_matches_vllm_native_impl():
+    """The same comparison against vLLM's own code, where vLLM is importable."""
+    ops = pytest.importorskip("vllm.ir.ops")
+    y, r, w = make_inputs(64, 2048)
+    native = ops.fused_add_rms_norm.impls["native"].impl_fn
+    want, want_r = native(y.clone(), r.clone(), w.float() + 1.0, EPS)
+    normed, new_r = arq.add_rms_norm_reference(y, r, w, EPS)
+    assert torch.equal(new_r, want_r)
+    torch.testing.assert_close(normed, want, atol=1e-5, rtol=2.0 ** -7)
+
+
+def test_fp32_residual_stays_in_activation_dtype():
+    """stock keeps the new residual in x's dtype whatever the residual came in as."""
+    y, r, w = make_inputs(8, 2048)
+    _, _, new_r = arq.add_rms_quant_reference(y, r.float(), w, EPS)
+    assert new_r.dtype == torch.bfloat16
+    assert torch.equal(new_r, (y.float() + r.float()).to(torch.bfloat16))
+
+
+# --- reference determinism ---------------------------------------------------------------
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("k", K_SIZES)
+def test_reference_deterministic_and_batch_invariant(k, group):
+    y, r, w = make_inputs(64, k)
+    a = arq.add_rms_quant_reference(y, r, w, EPS, group, torch.float8_e4m3fn)
+    b = arq.add_rms_quant_reference(y.clone(), r.clone(), w.clone(), EPS, group, torch.float8_e4m3fn)
+    for x, z in zip(a, b):
+        assert torch.equal(x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x,
+                           z.view(torch.uint8) if z.dtype == torch.float8_e4m3fn else z)
+    # a row's output does not depend on its batch (the kernel runs one program per row)
+    for i in (0, 17, 63):
+        one = arq.add_rms_quant_reference(y[i:i + 1], r[i:i + 1], w, EPS, group, torch.float8_e4m3fn)
+        assert torch.equal(as_bytes(one[0]), as_bytes(a[0][i:i + 1]))
+        assert torch.equal(one[1], a[1][i:i + 1])
+
+
+def test_exact_sumsq_is_order_free_and_accurate():
+    g = torch.Generator().manual_seed(1)
+    sq = (torch.randn(16, 5120, generator=g) * torch.logspace(-3, 3, 16).unsqueeze(-1)) ** 2
+    got = arq.exact_sumsq(sq, arq.sum_log2(5120))
+    perm = torch.randperm(5120, generator=g)
+    assert torch.equal(got, arq.exact_sumsq(sq[:, perm], arq.sum_log2(5120)))
+    want = sq.double().sum(-1)
+    assert ((got.double() - want).abs() / want).max() <= 2.0 ** -24  # one rounding, no more
+    # zero rows, rows near both ends of the fp32 range, small integers
+    edge = torch.tensor([[0.0] * 4, [1e-30, 1e-31, 0.0, 0.0], [3e38, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 4.0]])
+    got = arq.exact_sumsq(edge, 7)
+    assert got[0] == 0 and got[2] == edge[2, 0] and got[3] == 10.0
+    assert abs(got[1].item() / 1.1e-30 - 1) < 2 ** -20
+
+
+def test_reference_divisions_are_correctly_rounded():
+    """The reference must not inherit an ulp from MKL's sqrt or a reciprocal-multiply."""
+    x = torch.rand(100_000, dtype=torch.float32) * 100 + 1e-3
+    want = (1.0 / torch.sqrt(x.double())).float()  # float64 then one rounding
+    assert torch.equal(arq.div_rn(torch.ones_like(x), arq.sqrt_rn(x)),
+                       arq.div_rn(torch.ones_like(x), torch.sqrt(x.double()).float()))
+    assert (arq.div_rn(torch.ones_like(x), arq.sqrt_rn(x)) - want).abs().max() <= want.max() * 2 ** -23
+
+
+def test_rejects_bad_arguments():
+    y, r, w = make_inputs(2, 2048)
+    with pytest.raises(ValueError, match="group_size"):
+        arq.add_rms_quant_reference(y, r, w, EPS, 64)
+    with pytest.raises(ValueError, match="multiple"):
+        arq.add_rms_quant_reference(y[:, :200], r[:, :200], w[:200], EPS, 128)
+    with pytest.raises(ValueError, match="fp8_dtype"):
+        arq.add_rms_quant_reference(y, r, w, EPS, 0, torch.float8_e5m2)
+
+
+# --- the op ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_op_on_cpu_is_the_reference(fmt, group):
+    y, r, w = make_inputs(8, 2048)
+    got = arq.add_rms_quant(y, r, w, EPS, group, fmt)
+    want = arq.add_rms_quant_reference(y, r, w, EPS, group, fmt)
+    assert torch.equal(as_bytes(got[0]), as_bytes(want[0]))
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_opcheck(fmt, group):
+    y, r, w = make_inputs(4, 256)
+    torch.library.opcheck(torch.ops.radiance.add_rms_quant.default, (y, r, w, EPS, group, fmt))
+
+
+def test_default_format_follows_device():
+    y, r, w = make_inputs(2, 256)
+    q, _, _ = arq.add_rms_quant(y, r, w, EPS)
+    assert q.dtype == torch.float8_e4m3fn  # CPU and NVIDIA; gfx94x would get fnuz
+
+
+# --- Triton vs reference: interpreter on CPU ---------------------------------------------
+
+_INTERPRET = textwrap.dedent("""
+    import torch
+    from radiance.kernels import add_rms_quant as arq
+    from test_add_rms_quant import make_inputs
+    bad = []
+    for m, k in ((1, 2048), (8, 5120), (3, 384)):
+        for fmt in arq.FP8_DTYPES:
+            for group in arq.SUPPORTED_GROUPS:
+                y, r, w = make_inputs(m, k)
+                a = arq.add_rms_quant_triton(y, r, w, 1e-6, group, fmt)
+                b = arq.add_rms_quant_reference(y, r, w, 1e-6, group, fmt)
+                same = (torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8))
+                        and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]))
+                if not same:
+                    bad.append((m, k, str(fmt), group))
+    print("MISMATCH", bad) if bad else print("OK")
+""")
+
+
+def test_triton_interpreter_bit_exact():
+    pytest.importorskip("triton")
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([here, root])}
+    out = subprocess.run([sys.executable, "-c", _INTERPRET], env=env, capture_output=True, check=False,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("OK"), out.stdout[-3000:]
+
+
+# --- Triton vs reference on a GPU (bit for bit, across devices) ---------------------------
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("k", K_SIZES)
+@pytest.mark.parametrize("m", M_SIZES)
+def test_triton_bit_exact_on_gpu(m, k, fmt, group):
+    y, r, w = make_inputs(m, k)
+    want = arq.add_rms_quant_reference(y, r, w, EPS, group, fmt)  # on the CPU
+    got = arq.add_rms_quant_triton(y.cuda(), r.cuda(), w.cuda(), EPS, group, fmt)
+    assert torch.equal(as_bytes(got[0]).cpu(), as_bytes(want[0]))
+    assert torch.equal(got[1].cpu(), want[1])
+    assert torch.equal(got[2].cpu(), want[2])
+    # the op dispatches to the same kernel on a GPU
+    op = arq.add_rms_quant(y.cuda(), r.cuda(), w.cuda(), EPS, group, fmt)
+    assert torch.equal(as_bytes(op[0]), as_bytes(got[0]))
+
+
+@gpu
+@needs_gpu
+def test_reference_on_gpu_equals_reference_on_cpu():
+    y, r, w = make_inputs(64, 5120)
+    a = arq.add_rms_quant_reference(y, r, w, EPS, 0, torch.float8_e4m3fn)
+    b = arq.add_rms_quant_reference(y.cuda(), r.cuda(), w.cuda(), EPS, 0, torch.float8_e4m3fn)
+    assert torch.equal(as_bytes(b[0]).cpu(), as_bytes(a[0]))
+    assert torch.equal(b[1].cpu(), a[1])
+
+
+# --- AOT ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["gfx1201", "gfx942"])
+def test_aot_compiles(arch):
+    pytest.importorskip("triton")
+    specs = [s for s in aot.load_all()[0].values() if s.name.startswith("add_rms_quant[")]
+    assert len(specs) == len(arq.AOT_HIDDEN) * len(FORMATS) * len(GROUPS)
+    for spec in specs:
+        compiled = aot.compile_spec(spec, arch)
+        assert compiled.asm.get(aot.binary_kind(arch)), spec.name

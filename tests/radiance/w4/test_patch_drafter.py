@@ -1,0 +1,211 @@
+"""w4-drafter against real vLLM 0.32 layers on CPU: what is converted inside the drafter's
+load and only there, what is declined and said so, block-fp8 checkpoints, fail-closed."""
+from __future__ import annotations
+
+import logging
+import types
+
+import pytest
+import torch
+
+from radiance import patching
+from radiance.kernels import w4a16_gemm as wk
+from radiance.w4 import convert
+from radiance.w4.patch_drafter import PATCHES, W4DrafterPatch
+from radiance.w4.scope import DRAFT_SCOPE
+
+
+def _linears():
+    from vllm.model_executor.layers.linear import (
+        ColumnParallelLinear,
+        MergedColumnParallelLinear,
+        QKVParallelLinear,
+        ReplicatedLinear,
+        RowParallelLinear,
+    )
+
+    bf = torch.bfloat16
+    layers = {
+        "qkv": QKVParallelLinear(256, 64, 4, 2, bias=False, params_dtype=bf, disable_tp=True,
+                                 prefix="mtp.layers.0.self_attn.qkv_proj"),
+        "o": RowParallelLinear(256, 256, bias=True, params_dtype=bf, disable_tp=True,
+                               prefix="mtp.layers.0.self_attn.o_proj"),
+        "gate_up": MergedColumnParallelLinear(256, [384, 384], bias=False, params_dtype=bf, disable_tp=True,
+                                              prefix="mtp.layers.0.mlp.shared_expert.gate_up_proj"),
+        "fc": ColumnParallelLinear(512, 256, bias=False, params_dtype=bf, disable_tp=True, prefix="mtp.fc"),
+        "router": ReplicatedLinear(256, 32, bias=False, params_dtype=bf, prefix="mtp.layers.0.mlp.gate"),
+        "odd_k": ReplicatedLinear(200, 256, bias=False, params_dtype=bf, prefix="mtp.layers.0.odd"),
+    }
+    gen = torch.Generator().manual_seed(0)
+    for layer in layers.values():
+        layer.weight.data.copy_(torch.randn(layer.weight.shape, generator=gen) * 0.02)
+        if getattr(layer, "bias", None) is not None:
+            layer.bias.data.copy_(torch.randn(layer.bias.shape, generator=gen) * 0.1)
+    return layers
+
+
+def _load_draft(layers):
+    """What vLLM's loader does for each module, inside the (patched) drafter _get_model."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    return SpecDecodeBaseProposer._get_model(types.SimpleNamespace(layers=list(layers)))
+
+
+@pytest.fixture
+def w4(vllm_cpu, monkeypatch):
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    def fake_get_model(proposer):
+        for layer in proposer.layers:
+            layer.quant_method.process_weights_after_loading(layer)
+        return proposer.layers
+
+    monkeypatch.setattr(SpecDecodeBaseProposer, "_get_model", fake_get_model)
+    monkeypatch.setenv("RADIANCE_W4_DRAFTER", "1")
+    monkeypatch.delenv("RADIANCE_W4_GROUP_SIZE", raising=False)
+    patch = W4DrafterPatch()
+    version = vllm_cpu.__version__
+    assert DRAFT_SCOPE.install(version).status == "applied"
+    out = patch.install(version)
+    assert out.status == "applied", out.reason
+    yield patch
+    patch.revert()
+    DRAFT_SCOPE.revert()
+
+
+def test_hook_points_exist_in_pinned_vllm(vllm_cpu):
+    for p in PATCHES:
+        for path in p.hook_points:
+            patching.resolve(path)
+    patching.resolve("vllm.model_executor.layers.quantization.fp8.Fp8LinearMethod.process_weights_after_loading")
+    assert PATCHES[0] is DRAFT_SCOPE
+
+
+def test_drafter_linears_converted_others_declined(w4, caplog):
+    layers = _linears()
+    wants = {name: layer.weight.detach().float().clone() for name, layer in layers.items()}
+    with caplog.at_level(logging.INFO, logger="radiance"):
+        _load_draft(layers.values())
+    for name in ("qkv", "o", "gate_up"):
+        layer = layers[name]
+        assert isinstance(layer.quant_method, convert.W4Method), name
+        assert layer.weight.numel() == 0 and layer.w4_qweight.dtype == torch.int32
+        x = torch.randn(3, 256).to(torch.bfloat16)
+        got = layer(x)
+        got = got[0] if isinstance(got, tuple) else got
+        bias = layer.bias if name == "o" else None
+        want = wk.w4a16_gemm_reference(x, layer.w4_qweight, layer.w4_scales, 128)
+        if bias is not None:
+            want = want + bias
+        torch.testing.assert_close(got, want)
+        exact = x.float() @ wants[name].t() + (bias.float() if bias is not None else 0)
+        assert float((got.float() - exact).norm() / exact.norm()) < 0.15
+    for name in ("fc", "router", "odd_k"):
+        assert not isinstance(layers[name].quant_method, convert.W4Method), name
+    text = caplog.text
+    assert "declined: fc" in text and "declined: gate MoE router" in text and "not a multiple" in text
+    assert "bf16 512x256 mtp.layers.0.self_attn.qkv_proj: converted" in text
+    assert "w4-drafter converted 3 drafter linears" in text
+
+
+def test_layers_loaded_outside_the_drafter_bracket_are_untouched(w4):
+    layers = _linears()
+    for layer in layers.values():
+        layer.quant_method.process_weights_after_loading(layer)  # the target's load
+    assert not any(isinstance(layer.quant_method, convert.W4Method) for layer in layers.values())
+    assert w4.converted_total == 0
+
+
+def test_drafter_without_convertible_linears_declines(w4):
+    layers = _linears()
+    _load_draft([layers["fc"], layers["router"]])
+    out = patching.report().outcomes[w4.name]
+    assert out.status == "declined" and "no convertible linears" in out.reason
+
+
+def test_block_fp8_checkpoint_is_dequantised_with_its_own_blocks(w4):
+    from vllm.model_executor.layers.linear import RowParallelLinear
+    from vllm.model_executor.layers.quantization.fp8 import Fp8LinearMethod
+
+    layer = RowParallelLinear(256, 384, bias=False, params_dtype=torch.bfloat16, disable_tp=True,
+                              prefix="mtp.layers.0.self_attn.o_proj")
+    w = torch.randn(384, 256) * 0.02
+    scale = torch.rand(3, 2) + 0.5          # [ceil(384/128), ceil(256/128)]
+    w8 = (w / scale.repeat_interleave(128, 0).repeat_interleave(128, 1)).to(torch.float8_e4m3fn)
+    layer.weight = torch.nn.Parameter(w8, requires_grad=False)
+    layer.weight_scale_inv = torch.nn.Parameter(scale, requires_grad=False)
+    layer.orig_dtype = torch.bfloat16
+    method = types.SimpleNamespace(block_quant=True, weight_block_size=[128, 128])
+    calls = []
+    with DRAFT_SCOPE.entered():
+        Fp8LinearMethod.process_weights_after_loading(method, layer)
+    assert not calls and isinstance(layer.quant_method, convert.W4Method)
+    assert layer.weight.numel() == 0 and layer.weight_scale_inv.numel() == 0
+    deq = convert.dequant_block_fp8(w8, scale, (128, 128), torch.float32)
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    got = layer.quant_method.apply(layer, x).float()
+    exact = x.float() @ deq.t()
+    assert float((got - exact).norm() / exact.norm()) < 0.15
+
+
+def test_conversion_error_fails_closed_to_stock(w4, monkeypatch):
+    monkeypatch.setattr(convert, "quantize_weight", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    layers = _linears()
+    _load_draft([layers["qkv"]])
+    assert w4.latched_off and "boom" in w4.latch_reason
+    assert not isinstance(layers["qkv"].quant_method, convert.W4Method)
+    assert hasattr(layers["qkv"], "cpu_linear")  # the stock CPU processing ran
+    _load_draft([layers["o"]])                    # and keeps running once latched
+    assert not isinstance(layers["o"].quant_method, convert.W4Method)
+
+
+def test_failed_kernel_self_check_converts_nothing(w4, monkeypatch):
+    monkeypatch.setattr(convert, "kernel_self_check", lambda *a: "kernel broken")
+    layers = _linears()
+    _load_draft(layers.values())
+    assert w4.latched_off and w4.latch_reason == "kernel broken"
+    assert not any(isinstance(layer.quant_method, convert.W4Method) for layer in layers.values())
+
+
+def test_knob_off_and_bad_group_size(vllm_cpu, monkeypatch):
+    monkeypatch.setenv("RADIANCE_W4_DRAFTER", "0")
+    assert W4DrafterPatch().install(vllm_cpu.__version__).status == "disabled"
+    monkeypatch.setenv("RADIANCE_W4_DRAFTER", "1")
+    monkeypatch.setenv("RADIANCE_W4_GROUP_SIZE", "48")
+    DRAFT_SCOPE.install(vllm_cpu.__version__)
+    try:
+        out = W4DrafterPatch().install(vllm_cpu.__version__)
+        assert out.status == "declined" and "RADIANCE_W4_GROUP_SIZE=48" in out.reason
+    finally:
+        DRAFT_SCOPE.revert()
+    assert W4DrafterPatch().install(vllm_cpu.__version__).status == "declined"  # no bracket
+
+
+def test_converted_layer_traces_without_graph_breaks(w4):
+    """vLLM compiles the model with fullgraph Dynamo: the 4-bit apply must trace."""
+    layers = _linears()
+    _load_draft([layers["qkv"], layers["o"]])
+    x = torch.randn(4, 256).to(torch.bfloat16)
+    for name in ("qkv", "o"):
+        layer = layers[name]
+        eager = layer(x)
+        compiled = torch.compile(layer.forward, backend="eager", fullgraph=True)(x)
+        eager = eager[0] if isinstance(eager, tuple) else eager
+        compiled = compiled[0] if isinstance(compiled, tuple) else compiled
+        assert torch.equal(compiled, eager), name
+
+
+def test_both_features_share_one_bracket(vllm_cpu, monkeypatch):
+    from radiance.lmhead_int4.patch import PATCHES as HEAD_PATCHES
+
+    monkeypatch.setenv("RADIANCE_W4_DRAFTER", "1")
+    monkeypatch.setenv("RADIANCE_INT4_HEAD", "1")
+    assert HEAD_PATCHES[0] is PATCHES[0] is DRAFT_SCOPE
+    registry = patching.Registry([*PATCHES, *HEAD_PATCHES])
+    try:
+        outcomes = registry.install_all(vllm_cpu.__version__)
+        assert [o.status for o in outcomes] == ["applied"] * 4
+        assert outcomes[2].reason == "already applied"
+    finally:
+        for p in reversed(registry.patches):
+            p.revert()
