@@ -115,6 +115,9 @@ def build(profile: Profile, *, platform: str, host: str, port: int, model_arg: s
 
     env = dict(profile.env)
     env.update(radiance_env(profile, report_dir))
+    if profile.features.dynamic_draft.enabled and platform in ("rocm", "cuda"):
+        # vLLM 0.32 runs Model Runner V2 by default on GPUs; its proposer is not the one radiance hooks.
+        env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     if platform == "cpu":
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
         if p.tp * p.pp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:

@@ -12,10 +12,13 @@ import hmac
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import aiohttp
 from aiohttp import web
+
+from . import telemetry
 
 log = logging.getLogger("radiance.gateway")
 
@@ -41,7 +44,8 @@ def _json_error(status: int, message: str, kind: str) -> web.Response:
 
 class Gateway:
     def __init__(self, upstream: str, state: GatewayState, *, api_key: str | None = None,
-                 drain_timeout: float = 30.0, on_change: Callable[[], None] | None = None):
+                 drain_timeout: float = 30.0, on_change: Callable[[], None] | None = None,
+                 telemetry_dir: Path | None = None):
         self.upstream = upstream.rstrip("/")
         self.state = state
         self._api_key = api_key
@@ -52,6 +56,7 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self.on_change = on_change
+        self.telemetry_dir = telemetry_dir
 
     # -- app ------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -60,7 +65,7 @@ class Gateway:
         app.router.add_get("/v1/health/ready", self.ready)
         app.router.add_get("/radiance/status", self.status)
         app.router.add_route("*", "/v1/{tail:.*}", self.proxy)
-        app.router.add_get("/metrics", self.proxy)
+        app.router.add_get("/metrics", self.metrics)
         return app
 
     def _authorized(self, request: web.Request) -> bool:
@@ -82,8 +87,26 @@ class Gateway:
         if not self._authorized(request):
             return _json_error(401, "missing or wrong API key", "authentication_error")
         body = {"phase": self.state.phase, "ready": self.state.ready, "reason": self.state.reason,
-                "since": self.state.since, "in_flight": self.in_flight, **self.state.info}
+                "since": self.state.since, "in_flight": self.in_flight, **self.state.info,
+                "telemetry": telemetry.read_counters(self.telemetry_dir)}
         return web.json_response(body)
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        """The engine's /metrics with the plugin's counters appended."""
+        if not self._authorized(request):
+            return _json_error(401, "missing or wrong API key", "authentication_error")
+        if not self.state.ready:
+            return _json_error(503, f"endpoint not ready: {self.state.reason}", "unavailable")
+        assert self._session is not None
+        try:
+            async with self._session.get(self.upstream + "/metrics") as upstream:
+                text = await upstream.text()
+                status, ctype = upstream.status, upstream.headers.get("Content-Type", "text/plain")
+        except aiohttp.ClientError as exc:
+            return _json_error(502, f"engine unreachable: {exc.__class__.__name__}", "bad_gateway")
+        if status == 200:
+            text += telemetry.render_prometheus(telemetry.read_counters(self.telemetry_dir))
+        return web.Response(status=status, body=text.encode(), headers={"Content-Type": ctype})
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         if not self._authorized(request):

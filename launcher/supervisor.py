@@ -187,7 +187,8 @@ class Supervisor:
         self.state.save()
 
         drain = envs.get("RADIANCE_DRAIN_TIMEOUT")
-        gateway = Gateway(engine_url, self.gw_state, api_key=api_key, drain_timeout=drain)
+        gateway = Gateway(engine_url, self.gw_state, api_key=api_key, drain_timeout=drain,
+                          telemetry_dir=report_dir)
         await gateway.start(host, public_port)
         self._phase("starting", "gateway up; preparing the engine")
         loop = asyncio.get_running_loop()

@@ -52,6 +52,9 @@ class AotSpec:
     num_warps: int | None = None
     num_stages: int | None = None
     options: dict[str, Any] = field(default_factory=dict)  # other compile options, e.g. enable_fp_fusion
+    # Specialisation hints ({(arg_index,): [["tt.divisibility", 16]]}), so the AOT binary is the variant
+    # the JIT would launch for aligned tensors (vectorised loads), not a scalar-load fallback.
+    attrs: dict[Any, Any] | None = None
 
 
 _REGISTRY: dict[str, AotSpec] = {}
@@ -92,7 +95,7 @@ def compile_spec(spec: AotSpec, arch: str):
     import triton
     from triton.compiler import ASTSource
 
-    src = ASTSource(fn=spec.kernel, signature=spec.signature, constexprs=spec.constexprs)
+    src = ASTSource(fn=spec.kernel, signature=spec.signature, constexprs=spec.constexprs, attrs=spec.attrs)
     options = dict(spec.options)
     if spec.num_warps is not None:
         options["num_warps"] = spec.num_warps

@@ -41,6 +41,8 @@ def test_streaming_chat_through_the_gateway(tiny):
 def test_metrics_are_proxied_and_show_speculative_decoding(tiny):
     text = httpx.get(tiny.base + "/metrics", timeout=30).text
     assert "vllm:spec_decode_num_drafts_total" in text
+    if tiny.status()["telemetry"]:  # dynamic_draft applied: its counters ride along
+        assert "radiance:draft_steps_total" in text
 
 
 def test_status_reports_gate_and_patches(tiny):
@@ -50,6 +52,9 @@ def test_status_reports_gate_and_patches(tiny):
     features = {p["feature"]: p for p in st["patches"]}
     # The tiny profile turns dynamic_draft on: it is either applied or declined with a reason, never silent.
     assert features["dynamic_draft"]["status"] in ("applied", "declined")
+    if features["dynamic_draft"]["status"] == "applied":
+        # The gate's traffic ran through the controller: its counters are there.
+        assert st["telemetry"].get("steps", 0) > 0
     assert features["w4_drafter"]["status"] == "disabled"
 
 

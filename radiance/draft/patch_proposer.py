@@ -1,0 +1,437 @@
+"""dynamic-draft inside vLLM 0.32's MTP proposer (model runner V1: the GPU runner and the CPU one).
+
+Where the controller sits, per decoding step:
+
+``GPUModelRunner.propose_draft_token_ids`` (wrapped)
+    decides whether this step is one the controller handles (see ``_step_or_reason``), brings
+    the context mirror up to date, runs the n-gram matcher, starts a ``StepController`` and
+    leaves it on the drafter for the proposer to find. Also credits the previous step's
+    accepted tokens to the telemetry.
+``SpecDecodeBaseProposer._sample_draft_tokens`` (wrapped)
+    runs once after every MTP forward (slot 0 after the first pass, then once per iteration of
+    ``propose``'s drafting loop). It computes the greedy token and its top-1 confidence in one
+    capture (``local_vocab``: the same token ``argmax`` gives, plus ``1/sum-exp``), copies
+    token and confidence to the host in one transfer, and lets the controller decide. Once no
+    request drafts any more it raises ``_StopDrafting``: the loop-break.
+``SpecDecodeBaseProposer.propose`` (wrapped)
+    catches ``_StopDrafting`` (the remaining forwards of the loop never run) and returns the
+    controller's drafts: ragged lists where the runner takes them (synchronous scheduling and
+    a model without linear attention: fewer tokens to verify too), else a full-width tensor
+    (async scheduling reads drafts as a [B, k] tensor, and hybrid models such as Qwen3-Next
+    verify exactly k per request); positions past a request's draft then hold the MTP tokens
+    the batch drafted anyway, then a copy of its last token, which the target verifies like any
+    other guess: only forwards are saved there).
+
+Why the loop-break is safe: ``_StopDrafting`` leaves ``propose`` right after a sampling call,
+which is exactly where stock ``propose`` with ``num_speculative_tokens = forwards run`` would
+have finished its loop; the only state the loop mutates is the drafter's own scratch
+(positions, slot mapping, its attention metadata) that the next step rebuilds.
+
+Lossless: the verified tokens are still checked by the unchanged rejection sampler; the
+controller changes only how many tokens are proposed, and where (MTP or n-gram) they come from.
+
+Fail closed:
+* declined at install (stock MTP, one log line): hook points missing, vLLM outside the pinned
+  range, Model Runner V2 selected (it has its own proposer, which this patch does not hook);
+* per step, stock MTP for that step: a drafter that is not plain MTP (``EagleProposer`` with
+  method "mtp"), parallel drafting, vLLM's local-argmax or heterogeneous-vocab draft paths,
+  probabilistic draft sampling with a non-greedy request in the batch, k < 2;
+* any exception in the hooks latches the patch off for the process (``Patch.latch_off``, the
+  semantics of ``fail_closed``, written out so that vLLM's own exceptions are never retried and
+  the loop-break is never mistaken for a failure): stock MTP from then on, one warning.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .. import envs
+from ..patching import Patch, resolve
+from .context_mirror import ContextMirror
+from .controller import DraftPolicy, StepController
+from .local_vocab import check_vocab, sample_top1
+from .telemetry import DraftCounters
+
+logger = logging.getLogger("radiance")
+
+_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer.SpecDecodeBaseProposer"
+_RUNNER = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
+
+# Attribute names this patch leaves on vLLM objects (one place, so a test can clear them).
+STEP_ATTR = "_radiance_draft_step"
+STATE_ATTR = "_radiance_draft_state"
+
+
+class _StopDrafting(BaseException):
+    """Raised from the per-slot hook once no request drafts: ends ``propose``'s loop.
+
+    A BaseException so that nothing between the raise and our ``propose`` (vLLM code, the
+    ``fail_closed`` wrappers) mistakes it for a failure."""
+
+
+@dataclass
+class _Step:
+    ctl: StepController
+    k: int
+    batch: int
+    ragged: bool
+    req_ids: list[str]
+    slot: int = 0
+    drafts: list[list[int]] | None = None
+
+
+@dataclass
+class _RunnerState:
+    """Per model runner: the mirror and what the previous step proposed (for acceptance)."""
+    mirror: ContextMirror
+    last: dict[str, tuple[int, int]] = field(default_factory=dict)  # req -> (len, tail start)
+
+
+def _vllm_config_v2() -> bool | None:
+    try:
+        from vllm.config import get_current_vllm_config
+
+        cfg = get_current_vllm_config()
+        return bool(cfg.use_v2_model_runner) if cfg is not None and cfg.model_config else None
+    except Exception:
+        return None
+
+
+class DynamicDraftPatch(Patch):
+    name = "dynamic_draft.proposer"
+    feature = "dynamic_draft"
+    enable_knob = "RADIANCE_DYNAMIC_DRAFT"
+    where = "any"  # replaces class attributes only; the device state is made in the worker
+    hook_points = (
+        f"{_PROPOSER}.propose",
+        f"{_PROPOSER}._sample_draft_tokens",
+        f"{_RUNNER}.propose_draft_token_ids",
+        "vllm.v1.spec_decode.eagle.EagleProposer",
+        "vllm.distributed.tensor_model_parallel_all_gather",
+        "vllm.distributed.get_tensor_model_parallel_world_size",
+        "vllm.distributed.get_tensor_model_parallel_rank",
+    )
+    # Wrapped only to say so when vLLM builds a runner this patch does not hook (V2).
+    optional_hook = "vllm.v1.worker.gpu_worker.Worker._make_model_runner"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policy: DraftPolicy | None = None
+        self.counters: DraftCounters | None = None
+        self.steps_declined: dict[str, int] = {}
+        self.slots_observed = 0  # per-slot hook calls that reached the controller (tests)
+
+    def guard(self) -> str | None:
+        try:
+            self.policy = DraftPolicy.from_env()
+        except envs.KnobError as exc:  # a bad knob is a startup error, said once and clearly
+            return str(exc)
+        if _vllm_config_v2():
+            return _V2_REASON
+        return None
+
+    def apply(self) -> None:
+        self.counters = DraftCounters(report_dir=envs.get("RADIANCE_REPORT_DIR") or None)
+        owner, _, orig_propose = resolve(f"{_PROPOSER}.propose")
+        _, _, orig_sample = resolve(f"{_PROPOSER}._sample_draft_tokens")
+        runner, _, orig_runner = resolve(f"{_RUNNER}.propose_draft_token_ids")
+        self.replace(owner, "propose", self._make_propose(orig_propose))
+        self.replace(owner, "_sample_draft_tokens", self._make_sample(orig_sample))
+        self.replace(runner, "propose_draft_token_ids", self._make_runner(orig_runner))
+        try:
+            worker, _, orig_make = resolve(self.optional_hook)
+        except LookupError:
+            return
+        self.replace(worker, "_make_model_runner", self._make_runner_factory(orig_make))
+
+    def latch_off(self, reason: str) -> None:
+        super().latch_off(reason)
+        if self.counters is not None:
+            self.counters.add(fallback_steps=1)
+
+    def _make_runner_factory(self, orig):
+        patch = self
+
+        def _make_model_runner(self, *args, **kwargs):
+            made = orig(self, *args, **kwargs)
+            try:
+                v1 = resolve(_RUNNER)[2]
+                if not isinstance(made, v1) and not patch.latched_off:
+                    patch.latch_off(_V2_REASON)
+            except Exception:  # only a diagnostic: never in the way of building the runner
+                pass
+            return made
+
+        return _make_model_runner
+
+    # -- the runner: per-step preparation -----------------------------------------------
+    @staticmethod
+    def _step_or_reason(runner, sampling_metadata, k: int) -> str | None:
+        """None when the controller can run this step, else why not (stock MTP this step).
+        Attributes that are missing count as 'unsupported', never as 'fine'."""
+        from vllm.v1.spec_decode.eagle import EagleProposer
+
+        spec = getattr(runner, "speculative_config", None)
+        drafter = getattr(runner, "drafter", None)
+        if spec is None or getattr(spec, "method", None) != "mtp" \
+                or type(drafter) is not EagleProposer:
+            return "the drafter is not plain MTP"
+        if getattr(drafter, "parallel_drafting", True) \
+                or getattr(drafter, "use_heterogeneous_vocab", True):
+            return "parallel drafting or a heterogeneous vocabulary is on"
+        if getattr(drafter, "use_local_argmax_reduction", True):
+            return "vLLM's local-argmax draft path is on (it yields no confidence)"
+        if getattr(drafter, "_enable_probabilistic_draft_probs", True) \
+                and not getattr(sampling_metadata, "all_greedy", False):
+            return "draft sampling is probabilistic and a request is not greedy"
+        if k < 2:
+            return "fewer than two draft slots are scheduled"
+        return None
+
+    def _decline_step(self, reason: str) -> None:
+        n = self.steps_declined.get(reason, 0)
+        self.steps_declined[reason] = n + 1
+        if n == 0:
+            logger.info("radiance: dynamic-draft runs stock MTP for steps where %s", reason)
+        if self.counters is not None:
+            self.counters.add(fallback_steps=1)
+
+    @staticmethod
+    def _state(runner) -> _RunnerState:
+        st = getattr(runner, STATE_ATTR, None)
+        if st is None:
+            rows, width = runner.input_batch.token_ids_cpu.shape
+            st = _RunnerState(ContextMirror(rows, width, runner.device))
+            setattr(runner, STATE_ATTR, st)
+        return st
+
+    def _prepare(self, runner, scheduler_output, sampled_token_ids, sampling_metadata) -> None:
+        """Mirror + matcher + a fresh StepController on the drafter (or nothing: stock step)."""
+        drafter = runner.drafter
+        setattr(drafter, STEP_ATTR, None)
+        k = int(scheduler_output.num_spec_tokens_to_schedule)
+        ib = runner.input_batch
+        req_ids = list(ib.req_ids)
+        b = len(req_ids)
+        # This step's sampled tokens: on the device, -1 where rejected, before vLLM's
+        # bookkeeping (padded drafter batch, the default); a list after it.
+        host = sampled_token_ids[:b].cpu().numpy() if torch.is_tensor(sampled_token_ids) else None
+        if host is not None:
+            valid = [[int(t) for t in row if t >= 0] for row in host]
+        else:
+            valid = [list(t) for t in sampled_token_ids[:b]]
+        self._credit_acceptance(runner, req_ids, valid)
+        reason = self._step_or_reason(runner, sampling_metadata, k) if b else "the batch is empty"
+        if reason is not None:
+            self._decline_step(reason)
+            return
+        state = self._state(runner)
+        extra = None
+        if host is not None:
+            discard = runner.discard_request_mask.np[:b]  # still in chunked prefill: no tokens
+            extra = [[] if discard[i] else valid[i] for i in range(b)]
+        counts = np.asarray(ib.num_tokens_no_spec[:b], dtype=np.int64)
+        n_dev = state.mirror.update(req_ids, ib.token_ids_cpu, counts, extra)
+        from ..kernels.ngram_match import ngram_match
+
+        cont, clen = ngram_match(state.mirror.rows(b), n_dev, k, self.policy.ngram)
+        both = torch.cat([cont, clen[:, None]], dim=1).cpu().numpy()  # one device->host copy
+        ctl = StepController(self.policy)
+        ctl.begin(k, both[:, :k].tolist(), both[:, k].tolist())
+        # Ragged drafts (fewer tokens to verify too) only where vLLM takes them: not under async
+        # scheduling (it reads drafts as a [B, k] tensor) and not for hybrid models, whose
+        # linear-attention spec path assumes k drafts per request (vLLM 0.32's CPU GDN kernel
+        # fails on ragged ones). Qwen3-Next is hybrid: full width, only forwards are saved.
+        ragged = not runner.use_async_scheduling and not runner.model_config.is_hybrid
+        setattr(drafter, STEP_ATTR, _Step(ctl, k, b, ragged, req_ids))
+
+    def _credit_acceptance(self, runner, req_ids, valid) -> None:
+        """The previous step's drafts met the target: count accepted tokens (all, n-gram)."""
+        state = getattr(runner, STATE_ATTR, None)
+        if state is None or self.counters is None or not state.last:
+            return
+        last = state.last
+        total = ngram = 0
+        for rid, toks in zip(req_ids, valid):
+            prev = last.get(rid)
+            if prev is None:
+                continue
+            length, tail_start = prev
+            a = min(max(0, len(toks) - 1), length)  # the last valid token is the target's own
+            total += a
+            ngram += max(0, a - tail_start)
+        last.clear()
+        if self._records():
+            self.counters.add(draft_tokens_accepted=total, ngram_tokens_accepted=ngram)
+
+    def _make_runner(self, orig):
+        patch = self
+
+        @functools.wraps(orig)
+        def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, sampling_metadata,
+                                    *args, **kwargs):
+            if not patch.latched_off:
+                try:
+                    patch._prepare(self, scheduler_output, sampled_token_ids, sampling_metadata)
+                except Exception as exc:
+                    setattr(self.drafter, STEP_ATTR, None)
+                    patch.latch_off(f"step preparation: {type(exc).__name__}: {exc}")
+            try:
+                return orig(self, scheduler_output, sampled_token_ids, sampling_metadata,
+                            *args, **kwargs)
+            finally:
+                step = getattr(self.drafter, STEP_ATTR, None)
+                setattr(self.drafter, STEP_ATTR, None)
+                if step is not None and step.drafts is not None and not patch.latched_off:
+                    try:
+                        patch._after_step(self, step)
+                    except Exception as exc:
+                        patch.latch_off(f"step accounting: {type(exc).__name__}: {exc}")
+
+        return propose_draft_token_ids
+
+    def _after_step(self, runner, step: _Step) -> None:
+        ctl = step.ctl
+        if self.counters is not None and self._records():
+            self.counters.record_step(ctl, step.k)
+        state = getattr(runner, STATE_ATTR, None)
+        if state is not None:
+            tails = ctl.ngram_tokens()
+            state.last = {rid: (len(d), len(d) - tails[i] if tails[i] else len(d))
+                          for i, (rid, d) in enumerate(zip(step.req_ids, step.drafts))}
+
+    @staticmethod
+    def _records() -> bool:
+        """Only TP rank 0 counts: every rank runs the same controller."""
+        try:
+            from vllm.distributed import get_tensor_model_parallel_rank
+
+            return get_tensor_model_parallel_rank() == 0
+        except Exception:
+            return True
+
+    # -- the proposer: per slot, and the loop-break ---------------------------------------
+    def _make_sample(self, orig):
+        patch = self
+
+        @functools.wraps(orig)
+        def _sample_draft_tokens(self, hidden_states, sampling_metadata):
+            step: _Step | None = getattr(self, STEP_ATTR, None)
+            if step is None or patch.latched_off:
+                return orig(self, hidden_states, sampling_metadata)
+            try:
+                token, conf = patch._top1(self, hidden_states)
+                if token.shape[0] != step.batch:
+                    raise RuntimeError(f"draft batch {token.shape[0]} != {step.batch} requests")
+                packed = torch.stack([token.to(torch.int32), conf.float().view(torch.int32)])
+                host = packed.cpu().numpy()  # the one per-slot device->host copy
+                j = step.slot
+                step.slot = j + 1
+                done = step.ctl.observe(j, host[0].tolist(), host[1].view(np.float32).tolist())
+                patch.slots_observed += 1
+            except Exception as exc:
+                # stock sampling for this slot and the rest of the step: propose sees the
+                # latch and returns stock's own draft
+                patch.latch_off(f"draft slot: {type(exc).__name__}: {exc}")
+                return orig(self, hidden_states, sampling_metadata)
+            if done:
+                raise _StopDrafting
+            return token, None
+
+        return _sample_draft_tokens
+
+    @staticmethod
+    def _top1(proposer, hidden_states) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stock greedy token (argmax of the draft logits, lowest id on ties) and its
+        probability. At TP>1 from vocabulary shards, without gathering the rows."""
+        from vllm.distributed import (get_tensor_model_parallel_world_size,
+                                      tensor_model_parallel_all_gather)
+
+        model = proposer.model
+        tp = get_tensor_model_parallel_world_size()
+        lp = getattr(model, "logits_processor", None)
+        head = getattr(model, "lm_head", None)
+        shard = getattr(head, "shard_indices", None)
+        local_ok = (tp > 1 and lp is not None and shard is not None
+                    and getattr(lp, "scale", None) == 1.0
+                    and getattr(lp, "soft_cap", 0.0) is None
+                    and not getattr(lp, "logits_as_input", True)
+                    and shard.num_added_elements == 0)
+        if not local_ok:
+            # stock logits (gathered at TP>1 when the head is not one we can read by shard)
+            logits = model.compute_logits(hidden_states)
+            return sample_top1(logits, 0, logits.shape[-1])
+        check_vocab(lp.org_vocab_size)
+        local = lp._apply_head(head, hidden_states, None)
+        local = local.reshape(-1, local.shape[-1])
+        b = local.shape[0]
+
+        def gather(stats):
+            return tensor_model_parallel_all_gather(stats.contiguous(), dim=-1).view(b, tp, 3)
+
+        return sample_top1(local, shard.org_vocab_start_index, shard.num_org_elements, gather)
+
+    def _make_propose(self, orig):
+        patch = self
+
+        @functools.wraps(orig)
+        def propose(self, num_speculative_tokens, *args, **kwargs):
+            step: _Step | None = getattr(self, STEP_ATTR, None)
+            if step is None or patch.latched_off:
+                return orig(self, num_speculative_tokens, *args, **kwargs)
+            if num_speculative_tokens != step.k:
+                setattr(self, STEP_ATTR, None)
+                return orig(self, num_speculative_tokens, *args, **kwargs)
+            try:
+                out = orig(self, num_speculative_tokens, *args, **kwargs)
+            except _StopDrafting:
+                out = None
+            if out is not None and (patch.latched_off or not step.ctl.done):
+                setattr(self, STEP_ATTR, None)  # a hook fell back: stock's draft stands
+                return out
+            try:
+                step.drafts = step.ctl.drafts()
+                if step.ragged:
+                    return step.drafts
+                return _full_width(step.drafts, step, self.device)
+            except Exception as exc:
+                # the loop already broke: the MTP tokens drafted so far are a valid draft
+                patch.latch_off(f"draft assembly: {type(exc).__name__}: {exc}")
+                step.drafts = None
+                mtp = torch.tensor(list(zip(*step.ctl.mtp)), dtype=torch.int64, device=self.device)
+                return mtp if step.ragged else _pad_width(mtp, step.k)
+
+        return propose
+
+
+_V2_REASON = ("vLLM built Model Runner V2, whose MTP proposer this patch does not hook: stock "
+              "MTP. Set VLLM_USE_V2_MODEL_RUNNER=0 to use dynamic-draft")
+
+
+def _full_width(drafts, step: _Step, device) -> torch.Tensor:
+    """[B, k] for the runner paths that read drafts as a tensor (async scheduling): each row is
+    its draft, then the MTP tokens the batch drafted past it, then a repeat of its last token.
+    All are guesses the target verifies like any other; wrong ones are rejected."""
+    k = step.k
+    mtp = list(zip(*step.ctl.mtp))
+    rows = []
+    for i, d in enumerate(drafts):
+        row = list(d[:k])
+        row.extend(mtp[i][len(row):k])
+        row.extend([row[-1]] * (k - len(row)))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.int64, device=device)
+
+
+def _pad_width(t: torch.Tensor, k: int) -> torch.Tensor:
+    if t.shape[1] >= k:
+        return t[:, :k]
+    return torch.cat([t, t[:, -1:].expand(-1, k - t.shape[1])], dim=1)
+
+
+DYNAMIC_DRAFT = DynamicDraftPatch()
+PATCHES = [DYNAMIC_DRAFT]

@@ -1,0 +1,156 @@
+"""The dynamic-draft patch: hook points exist, install/decline/revert, and the loop-break."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from radiance.draft import patch_proposer as pp
+from radiance.draft.controller import DraftPolicy, StepController
+
+vllm = pytest.importorskip("vllm")
+
+
+@pytest.fixture
+def patch(monkeypatch):
+    monkeypatch.setenv("RADIANCE_DYNAMIC_DRAFT", "1")
+    p = pp.DynamicDraftPatch()
+    yield p
+    p.revert()
+
+
+def test_every_hook_point_exists_in_the_pinned_vllm():
+    from radiance.patching import resolve
+
+    for path in pp.DynamicDraftPatch.hook_points + (pp.DynamicDraftPatch.optional_hook,):
+        resolve(path)
+
+
+def test_install_replaces_and_revert_restores(patch):
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    before = (SpecDecodeBaseProposer.propose, SpecDecodeBaseProposer._sample_draft_tokens,
+              GPUModelRunner.propose_draft_token_ids)
+    out = patch.install(vllm.__version__)
+    assert out.status == "applied", out.reason
+    assert SpecDecodeBaseProposer.propose is not before[0]
+    assert SpecDecodeBaseProposer._orig_propose is before[0]
+    assert patch.install(vllm.__version__).reason == "already applied"
+    patch.revert()
+    assert (SpecDecodeBaseProposer.propose, SpecDecodeBaseProposer._sample_draft_tokens,
+            GPUModelRunner.propose_draft_token_ids) == before
+
+
+def test_disabled_by_default_and_bad_knobs_decline(monkeypatch):
+    monkeypatch.delenv("RADIANCE_DYNAMIC_DRAFT", raising=False)
+    assert pp.DynamicDraftPatch().install(vllm.__version__).status == "disabled"
+    monkeypatch.setenv("RADIANCE_DYNAMIC_DRAFT", "1")
+    monkeypatch.setenv("RADIANCE_DRAFT_SCHEDULE", "8:5,1:8")
+    out = pp.DynamicDraftPatch().install(vllm.__version__)
+    assert out.status == "declined" and "RADIANCE_DRAFT_SCHEDULE" in out.reason
+
+
+def test_outside_the_pinned_range_declines(patch):
+    assert patch.install("0.31.0").status == "declined"
+
+
+class FakeProposer:
+    """Stands in for SpecDecodeBaseProposer: ``propose`` runs k forwards, sampling after each,
+    like vLLM's loop, and counts the forwards that really ran."""
+
+    def __init__(self, tokens, confs):
+        self.tokens, self.confs = tokens, confs  # [k][B]
+        self.forwards = 0
+        self.device = torch.device("cpu")
+
+    def stock_propose(self, k, *args, **kwargs):
+        out = []
+        for j in range(k):
+            self.forwards += 1
+            tok, _ = self._sample_draft_tokens(torch.zeros(len(self.tokens[0]), 4), None)
+            out.append(tok)
+        return torch.stack(out, dim=1)
+
+    def stock_sample(self, hidden, md):
+        return torch.tensor(self.tokens[self.forwards - 1]), None
+
+
+def bind(patch, fake, monkeypatch):
+    monkeypatch.setattr(pp.DynamicDraftPatch, "_top1", staticmethod(
+        lambda proposer, hidden: (torch.tensor(proposer.tokens[proposer.forwards - 1]),
+                                  torch.tensor(proposer.confs[proposer.forwards - 1]))))
+    fake._sample_draft_tokens = types.MethodType(patch._make_sample(FakeProposer.stock_sample), fake)
+    return types.MethodType(patch._make_propose(FakeProposer.stock_propose), fake)
+
+
+def start(fake, k, cont, clen, ragged, schedule=()):
+    ctl = StepController(DraftPolicy(tau=0.28, schedule=schedule))
+    ctl.begin(k, cont, clen)
+    setattr(fake, pp.STEP_ATTR, pp._Step(ctl, k, len(clen), ragged, [f"r{i}" for i in range(len(clen))]))
+
+
+@pytest.mark.parametrize("ragged", [True, False])
+def test_loop_break_skips_the_remaining_forwards(patch, monkeypatch, ragged):
+    k = 8
+    # row 0 takes its n-gram at slot 1; row 1 loses confidence: 0.9*0.2 < tau after slot 1
+    tokens = [[10, 20], [11, 21], [12, 22], [13, 23], [14, 24], [15, 25], [16, 26], [17, 27]]
+    confs = [[0.9, 0.9], [0.9, 0.2]] + [[0.9, 0.9]] * 6
+    fake = FakeProposer(tokens, confs)
+    propose = bind(patch, fake, monkeypatch)
+    start(fake, k, [[99, 11, 5, 6, -1, -1, -1, -1], [-1] * k], [4, 0], ragged)
+    out = propose(k)
+    assert fake.forwards == 2  # stock would have run 8
+    drafts = [[10, 11, 5, 6], [20, 21]]
+    if ragged:
+        assert out == drafts
+    else:  # full width: the draft, then MTP tokens drafted past it, then a repeat
+        assert out.tolist() == [[10, 11, 5, 6, 6, 6, 6, 6], [20, 21, 21, 21, 21, 21, 21, 21]]
+    assert getattr(fake, pp.STEP_ATTR).drafts == drafts
+
+
+def test_without_a_step_the_proposer_is_stock(patch, monkeypatch):
+    fake = FakeProposer([[1], [2], [3]], [[0.01]] * 3)
+    propose = bind(patch, fake, monkeypatch)
+    setattr(fake, pp.STEP_ATTR, None)
+    assert propose(3).tolist() == [[1, 2, 3]] and fake.forwards == 3
+
+
+def test_a_failing_slot_latches_off_and_returns_stock(patch, monkeypatch):
+    fake = FakeProposer([[1], [2], [3]], [[1.0]] * 3)
+    propose = bind(patch, fake, monkeypatch)
+
+    def boom(proposer, hidden):
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(pp.DynamicDraftPatch, "_top1", staticmethod(boom))
+    start(fake, 3, [[-1] * 3], [0], ragged=True)
+    out = propose(3)
+    assert patch.latched_off and "capture failed" in patch.latch_reason
+    assert out.tolist() == [[1, 2, 3]] and fake.forwards == 3
+
+
+def test_step_gate_declines_what_it_does_not_handle():
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    drafter = EagleProposer.__new__(EagleProposer)
+    drafter.parallel_drafting = False
+    drafter.use_heterogeneous_vocab = False
+    drafter.use_local_argmax_reduction = False
+    drafter._enable_probabilistic_draft_probs = True
+    runner = types.SimpleNamespace(speculative_config=types.SimpleNamespace(method="mtp"),
+                                   drafter=drafter)
+    greedy = types.SimpleNamespace(all_greedy=True)
+    mixed = types.SimpleNamespace(all_greedy=False)
+    gate = pp.DynamicDraftPatch._step_or_reason
+    assert gate(runner, greedy, 8) is None
+    assert "probabilistic" in gate(runner, mixed, 8)
+    assert "two" in gate(runner, greedy, 1)
+    drafter.use_local_argmax_reduction = True
+    assert "local-argmax" in gate(runner, greedy, 8)
+    runner.speculative_config.method = "eagle3"
+    assert "not plain MTP" in gate(runner, greedy, 8)
+    del drafter.use_local_argmax_reduction  # missing means unsupported, never fine
+    runner.speculative_config.method = "mtp"
+    assert gate(runner, greedy, 8) is not None

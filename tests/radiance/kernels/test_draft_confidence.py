@@ -1,0 +1,151 @@
+"""draft_confidence: Triton equals the reference (ids and max exact, sum-exp to fp32 rounding)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from radiance.kernels import aot
+from radiance.kernels.draft_confidence import (draft_confidence, draft_confidence_reference,
+                                               draft_confidence_triton, split_plan)
+
+# (dtype, atol, rtol) for sum-exp: a sum of up to 2.5e5 fp32 terms in another order differs by
+# ~1e-5 relative; max is exact (a max of exactly converted values), argmax is exact.
+DTYPES = [(torch.float32, 0.0, 3e-5), (torch.bfloat16, 0.0, 3e-5), (torch.float16, 0.0, 3e-5)]
+# (rows, columns, n_valid): -1 = all columns valid
+SHAPES = [(1, 17, -1), (3, 1000, 990), (8, 4096, -1), (8, 248320, -1), (64, 248320, -1),
+          (5, 248320 // 2, 248320 // 2 - 37), (200, 32000, -1), (2, 70000, 0)]
+
+
+def make_logits(rows, cols, dtype, device, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * 4
+    if cols > 10:
+        x[0, cols // 3] = x[0, cols - 2] = 80.0  # a tie: the lower column must win
+    return x.to(dtype).to(device)
+
+
+def check(got, want, atol, rtol):
+    torch.testing.assert_close(got[0], want[0], atol=0, rtol=0)
+    torch.testing.assert_close(got[1], want[1], atol=atol, rtol=rtol)
+    assert torch.equal(got[2], want[2])
+
+
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("rows,cols,n_valid", [(3, 1000, 990), (2, 70000, 0), (4, 5, -1)])
+def test_op_on_cpu_is_the_reference(rows, cols, n_valid, dtype, atol, rtol):
+    x = make_logits(rows, cols, dtype, "cpu", rows + cols)
+    check(draft_confidence(x, n_valid), draft_confidence_reference(x, n_valid), atol, rtol)
+
+
+def test_reference_semantics():
+    x = torch.tensor([[1.0, 3.0, 3.0, 9.0], [float("-inf")] * 4])
+    m, s, i = draft_confidence_reference(x, 3)  # column 3 is padding: 9.0 must not count
+    assert m.tolist() == [3.0, float("-inf")]
+    assert i.tolist() == [1, 0]  # first of the tied maxima; an all -inf row reports column 0
+    torch.testing.assert_close(s[0], 2.0 + torch.exp(torch.tensor(-2.0)))
+    assert s[1] == 0
+    full = torch.randn(4, 300)
+    m, s, i = draft_confidence_reference(full)
+    torch.testing.assert_close(1.0 / s, torch.softmax(full, -1).max(-1).values)
+
+
+def test_opcheck_cpu():
+    torch.library.opcheck(torch.ops.radiance.draft_confidence,
+                          (make_logits(3, 500, torch.bfloat16, "cpu", 0), 490))
+
+
+@pytest.mark.parametrize("rows,cols,sms", [(8, 248320, 132), (64, 248320, 132), (1, 17, 132),
+                                           (512, 248320, 132), (1, 10 ** 7, 132)])
+def test_split_plan_covers_every_column(rows, cols, sms):
+    split_cols, nsplit = split_plan(rows, cols, sms)
+    assert 1 <= nsplit <= 64
+    assert split_cols * nsplit >= cols > split_cols * (nsplit - 1)
+
+
+_INTERPRETER_CHECK = textwrap.dedent("""
+    import torch
+    from radiance.kernels import draft_confidence as dc
+    from radiance.kernels.draft_confidence import draft_confidence_reference
+    g = torch.Generator().manual_seed(0)
+    cases = [(3, 20000, -1, torch.float32), (2, 9000, 8999, torch.bfloat16),
+             (2, 5000, 0, torch.float32), (1, 7, -1, torch.float16)]
+    for (rows, cols, n_valid, dtype), two_pass in [(c, t) for c in cases for t in (True, False)]:
+        x = (torch.randn(rows, cols, generator=g) * 4).to(dtype)
+        if cols > 100:
+            x[0, 11] = x[0, cols // 2] = 90
+            x[1, 4097] = x[1, 5] = 91  # a tie between lanes, and across tiles
+        for _ in range(2):  # the second launch checks that the arrival counters reset
+            got = dc._launch(x, n_valid, 2048, 4, 2, two_pass)
+            want = draft_confidence_reference(x, n_valid)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]), (got, want)
+            torch.testing.assert_close(got[1], want[1], rtol=3e-5, atol=0)
+    print("ok")
+""")
+
+
+def test_triton_kernel_in_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    r = subprocess.run([sys.executable, "-c", _INTERPRETER_CHECK], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("arch", ["gfx1201", "gfx942"])
+def test_aot_compiles(arch):
+    pytest.importorskip("triton")
+    specs, _ = aot.load_all()
+    mine = [s for s in specs.values() if s.name.startswith("draft_confidence[")]
+    assert mine
+    for spec in mine:
+        compiled = aot.compile_spec(spec, arch)
+        assert compiled.asm.get(aot.binary_kind(arch))
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
+@pytest.mark.parametrize("rows,cols,n_valid", SHAPES)
+def test_triton_equals_reference_on_gpu(rows, cols, n_valid, dtype, atol, rtol):
+    x = make_logits(rows, cols, dtype, "cuda", rows * 31 + cols)
+    want = draft_confidence_reference(x, n_valid)
+    for _ in range(3):  # repeated launches reuse the self-resetting counters
+        check(draft_confidence_triton(x, n_valid), want, atol, rtol)
+    check(draft_confidence(x, n_valid), want, atol, rtol)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("two_pass", [True, False])
+@pytest.mark.parametrize("rows,cols,n_valid", [(8, 248320, -1), (64, 248320, 248320 - 3),
+                                               (3, 70001, 69999)])
+def test_both_reductions_on_gpu(rows, cols, n_valid, two_pass):
+    from radiance.kernels.draft_confidence import _launch
+
+    x = make_logits(rows, cols, torch.bfloat16, "cuda", rows + cols)
+    x[1, 5] = x[1, 4097] = 85.0
+    want = draft_confidence_reference(x, n_valid)
+    for block, warps, pps in [(4096, 8, 4), (2048, 4, 8), (8192, 8, 2)]:
+        check(_launch(x, n_valid, block, warps, pps, two_pass), want, 0.0, 3e-5)
+
+
+@pytest.mark.gpu
+@gpu
+def test_strided_rows_on_gpu():
+    x = make_logits(6, 50000, torch.bfloat16, "cuda", 3)[:, 100:40100]
+    check(draft_confidence_triton(x, -1), draft_confidence_reference(x, -1), 0.0, 3e-5)
+
+
+@pytest.mark.gpu
+@gpu
+def test_opcheck_gpu():
+    torch.library.opcheck(torch.ops.radiance.draft_confidence,
+                          (make_logits(8, 248320, torch.bfloat16, "cuda", 1), -1))
