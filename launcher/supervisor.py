@@ -204,10 +204,15 @@ class Supervisor:
                 cfg = engine_args.build(p, platform=platform, host="0.0.0.0" if self.opts.runtime == "docker"
                                         else "127.0.0.1", port=engine_port, model_arg=model_arg,
                                         model_dir=model_dir, report_dir=report_dir)
+                image = self.opts.image
+                if self.opts.runtime == "docker" and image is None:
+                    from . import images
+
+                    image = images.resolve(p, platform)[2]
                 spec = EngineSpec(deployment=self.name, server_args=cfg.server_args, env=cfg.env,
                                   host="127.0.0.1", port=engine_port, platform=platform,
                                   log_path=engine_log, report_dir=report_dir, model_dir=model_dir,
-                                  image=self.opts.image, secret_env=cfg.secret_env)
+                                  image=image, secret_env=cfg.secret_env)
                 self.runtime = self._make_runtime()
                 with open(engine_log, "a") as f:
                     f.write(f"[radiance] {cfg.redacted_command()}\n")

@@ -46,3 +46,11 @@ def test_launcher_and_plugin_do_not_import_each_others_internals():
             if mod == "radiance":
                 mod = f"radiance.{m.group(2)}"
             assert mod in allowed, f"{path}: {m.group(0)}"
+
+
+def test_launcher_knows_the_archs_the_plugin_compiles_for():
+    from launcher.images import GPU_TARGETS
+    from radiance.kernels.aot import ARCHS
+
+    for platform, backend in (("rocm", "hip"), ("cuda", "cuda")):
+        assert set(GPU_TARGETS[platform]) == {a for a, (b, _, _) in ARCHS.items() if b == backend}

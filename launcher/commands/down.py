@@ -22,7 +22,10 @@ def command(name: str | None, all_: bool, timeout: float) -> None:
     targets = all_deployments() if all_ else [_pick(name)]
     for st in targets:
         if not st.supervisor_alive():
-            console.out.print(f"{st.name}: not running ({st.phase})")
+            # A supervisor that died (killed, machine crash) may have left its engine behind.
+            left = _remove_leftovers(st)
+            note = f"; removed {left} leftover engine(s)" if left else ""
+            console.out.print(f"{st.name}: not running ({st.phase}){note}")
             continue
         os.kill(st.supervisor_pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -30,14 +33,33 @@ def command(name: str | None, all_: bool, timeout: float) -> None:
             while st.supervisor_alive() and time.monotonic() < deadline:
                 time.sleep(0.3)
         if st.supervisor_alive():
-            os.killpg(st.supervisor_pid, signal.SIGKILL) if _is_group_leader(st.supervisor_pid) else \
-                os.kill(st.supervisor_pid, signal.SIGKILL)
+            os.kill(st.supervisor_pid, signal.SIGKILL)
+            _remove_leftovers(st)
             raise errors.LauncherError(f"{st.name}: did not stop within {timeout:.0f}s; killed")
         console.out.print(f"{st.name}: stopped")
 
 
-def _is_group_leader(pid: int) -> bool:
-    try:
-        return os.getpgid(pid) == pid
-    except ProcessLookupError:
-        return False
+def _remove_leftovers(st) -> int:
+    """Stop an engine whose supervisor is gone; returns how many were stopped."""
+    if st.runtime == "docker":
+        from ..runtime.docker import DockerRuntime
+
+        try:
+            return DockerRuntime().remove_leftovers(st.name)
+        except Exception as exc:  # no engine reachable: nothing we can remove
+            console.warn(f"{st.name}: could not look for leftover containers: {exc}")
+            return 0
+    if st.runtime == "local" and st.engine_ident.isdigit():
+        pid = int(st.engine_ident)
+        try:  # a recycled pid must not be killed: only a vLLM server started by us
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"vllm.entrypoints" not in f.read():
+                    return 0
+        except OSError:
+            return 0
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the engine runs in its own process group
+            return 1
+        except (ProcessLookupError, PermissionError):
+            return 0
+    return 0

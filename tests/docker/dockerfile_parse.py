@@ -1,0 +1,123 @@
+"""A small Dockerfile reader for the structure tests: instructions, stages, ARG defaults, and
+build-arg expansion the way the classic builder does it (enough for these files, no more)."""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@dataclass
+class Instruction:
+    op: str          # upper-case keyword
+    args: str        # the rest, continuation lines joined
+    line: int        # 1-based line of the keyword
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[Instruction] = field(default_factory=list)
+
+    def ops(self, op: str) -> list[Instruction]:
+        return [i for i in self.instructions if i.op == op]
+
+
+@dataclass
+class Dockerfile:
+    path: Path
+    global_args: dict[str, str | None]
+    stages: list[Stage]
+
+    @property
+    def final(self) -> Stage:
+        return self.stages[-1]
+
+    def stage(self, name: str) -> Stage:
+        return next(s for s in self.stages if s.name == name)
+
+
+def instructions(text: str) -> list[Instruction]:
+    out: list[Instruction] = []
+    buf, start = "", 0
+    for n, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if not buf and (not stripped or stripped.startswith("#")):
+            continue
+        if buf and stripped.startswith("#"):
+            continue  # comments inside a continued instruction are dropped by the builder
+        if not buf:
+            start = n
+        if stripped.endswith("\\"):
+            buf += stripped[:-1] + " "
+            continue
+        buf += stripped
+        op, _, args = buf.partition(" ")
+        out.append(Instruction(op.upper(), args.strip(), start))
+        buf = ""
+    return out
+
+
+def parse_args(arg_text: str) -> tuple[str, str | None]:
+    name, eq, default = arg_text.partition("=")
+    return name.strip(), (default.strip().strip('"') if eq else None)
+
+
+def parse(path: Path) -> Dockerfile:
+    global_args: dict[str, str | None] = {}
+    stages: list[Stage] = []
+    for ins in instructions(path.read_text()):
+        if ins.op == "FROM":
+            parts = ins.args.split()
+            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
+            stages.append(Stage(parts[0], name))
+        elif not stages:
+            if ins.op == "ARG":
+                k, v = parse_args(ins.args)
+                global_args[k] = v
+        else:
+            stages[-1].instructions.append(ins)
+    return Dockerfile(path, global_args, stages)
+
+
+def expand(text: str, values: dict[str, str]) -> str:
+    def sub(m: re.Match) -> str:
+        name = m[1] or m[3]
+        if name in values:
+            return values[name]
+        return m[2] if m[2] is not None else ""
+    return _VAR.sub(sub, text)
+
+
+def stage_args(stage: Stage, build_args: dict[str, str]) -> dict[str, str]:
+    """The ARG values in force at the end of a stage, given --build-arg values."""
+    values: dict[str, str] = {}
+    for ins in stage.ops("ARG"):
+        k, default = parse_args(ins.args)
+        if k in build_args:
+            values[k] = build_args[k]
+        elif default is not None:
+            values[k] = expand(default, values)
+    return values
+
+
+def labels(stage: Stage, values: dict[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for ins in stage.ops("LABEL"):
+        for token in shlex.split(ins.args):
+            k, _, v = token.partition("=")
+            out[k] = expand(v, values)
+    return out
+
+
+def env(stage: Stage, values: dict[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for ins in stage.ops("ENV"):
+        for token in shlex.split(ins.args):
+            k, _, v = token.partition("=")
+            out[k] = expand(v, {**values, **out})
+    return out
