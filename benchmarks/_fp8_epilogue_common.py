@@ -14,6 +14,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+# The stock chains quantise as vLLM 0.32.0's QuantFP8.forward_native does, per token, to e4m3fn.
+FP8 = torch.float8_e4m3fn
+FMAX = 448.0
+
 
 def commit() -> str:
     try:
@@ -65,6 +69,13 @@ def time_us(fn, mode: str) -> float:
     return 1000.0 * float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
 
 
+def stock_per_token_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """QuantFP8.forward_native's per-token dynamic quant, the tail of every stock chain."""
+    amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32)
+    scale = (amax / FMAX).clamp(min=1.0 / (FMAX * 512.0))
+    return (x.to(torch.float32) * scale.reciprocal()).clamp(-FMAX, FMAX).to(FP8), scale
+
+
 def compile_m_dynamic(fn):
     """torch.compile as vLLM uses it: the token dim dynamic, the hidden size static (a new
     K recompiles statically rather than turning K symbolic)."""
@@ -88,6 +99,36 @@ def count_kernels(fn) -> int:
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
+
+
+def measure_shape(shape: dict, providers: dict, modes: list[str], baselines: tuple[str, ...]) -> list[dict]:
+    """One row per provider for one problem shape: microseconds in each timing mode and kernels
+    per call; the ``ours`` row also gets its speed-up over each baseline and its ratio to the
+    ``floor`` row."""
+    rows = []
+    for name, fn in providers.items():
+        row = {**shape, "provider": name}
+        for mode in modes:
+            row[f"{mode}_us"] = time_us(fn, mode)
+        try:
+            row["kernels"] = count_kernels(fn)
+        except Exception as exc:  # profiler unavailable: leave the count out
+            row["kernels"] = None
+            row["kernels_error"] = type(exc).__name__
+        rows.append(row)
+    by = {r["provider"]: r for r in rows}
+    ours = by["ours"]
+    for mode in modes:
+        key = f"{mode}_us"
+        for base in baselines:
+            ours[f"{mode}_vs_{base}"] = by[base][key] / ours[key]
+        ours[f"{mode}_vs_floor"] = ours[key] / by["floor"][key]
+    return rows
+
+
+def table_columns(shape: list[str], modes: list[str], baselines: tuple[str, ...]) -> list[str]:
+    return shape + ["provider", "kernels"] + [f"{m}_us" for m in modes] + \
+        [f"{m}_vs_{s}" for m in modes for s in (*baselines, "floor")]
 
 
 def write_json(path: str | None, name: str, rows: list[dict], extra: dict | None = None) -> None:

@@ -19,20 +19,21 @@ import argparse
 
 import torch
 from _fp8_epilogue_common import (
+    FP8,
     compile_m_dynamic,
-    count_kernels,
     empty_launch,
     mark_m_dynamic,
+    measure_shape,
     print_table,
-    time_us,
+    stock_per_token_quant,
+    table_columns,
     write_json,
 )
 
 from radiance.kernels import add_rms_quant as arq
 
-FP8 = torch.float8_e4m3fn
-FMAX = 448.0
 EPS = 1e-6
+BASELINES = ("compile_stock", "compile_ref")
 
 
 def stock_chain(y, r, w, eps=EPS):
@@ -41,9 +42,7 @@ def stock_chain(y, r, w, eps=EPS):
     var = x.pow(2).mean(dim=-1, keepdim=True)
     x = x * torch.rsqrt(var + eps)
     normed = (x * (w.float() + 1.0)).to(y.dtype)
-    amax = normed.abs().amax(dim=-1, keepdim=True).to(torch.float32)
-    scale = (amax / FMAX).clamp(min=1.0 / (FMAX * 512.0))
-    q = (normed.to(torch.float32) * scale.reciprocal()).clamp(-FMAX, FMAX).to(FP8)
+    q, scale = stock_per_token_quant(normed)
     return q, scale, new_r
 
 
@@ -77,26 +76,8 @@ def main(argv=None) -> int:
                 "ours": lambda: arq.add_rms_quant_triton(y, r, w, EPS, 0, FP8),
                 "ours_op": lambda: torch.ops.radiance.add_rms_quant(y, r, w, EPS, 0, FP8),
             }
-            for name, fn in providers.items():
-                row = {"M": m, "K": k, "provider": name}
-                for mode in modes:
-                    row[f"{mode}_us"] = time_us(fn, mode)
-                try:
-                    row["kernels"] = count_kernels(fn)
-                except Exception as exc:  # profiler unavailable: leave the count out
-                    row["kernels"] = None
-                    row["kernels_error"] = type(exc).__name__
-                rows.append(row)
-            by = {r_["provider"]: r_ for r_ in rows if r_["M"] == m and r_["K"] == k}
-            for mode in modes:
-                key = f"{mode}_us"
-                ours = by["ours"][key]
-                by["ours"][f"{mode}_vs_compile_stock"] = by["compile_stock"][key] / ours
-                by["ours"][f"{mode}_vs_compile_ref"] = by["compile_ref"][key] / ours
-                by["ours"][f"{mode}_vs_floor"] = ours / by["floor"][key]
-    cols = ["M", "K", "provider", "kernels"] + [f"{m}_us" for m in modes] + \
-        [f"{m}_{s}" for m in modes for s in ("vs_compile_stock", "vs_compile_ref", "vs_floor")]
-    print_table(rows, cols)
+            rows += measure_shape({"M": m, "K": k}, providers, modes, BASELINES)
+    print_table(rows, table_columns(["M", "K"], modes, BASELINES))
     write_json(args.json, "add_rms_quant", rows,
                {"note": "per-token e4m3fn, bf16; *_vs_compile_*: speed-up of ours; vs_floor: "
                         "ours / empty launch"})

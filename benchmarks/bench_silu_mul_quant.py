@@ -13,27 +13,25 @@ import argparse
 
 import torch
 from _fp8_epilogue_common import (
+    FP8,
     compile_m_dynamic,
-    count_kernels,
     empty_launch,
     mark_m_dynamic,
+    measure_shape,
     print_table,
-    time_us,
+    stock_per_token_quant,
+    table_columns,
     write_json,
 )
 
 from radiance.kernels import silu_mul_quant as smq
 
-FP8 = torch.float8_e4m3fn
-FMAX = 448.0
+BASELINES = ("compile_stock",)
 
 
 def stock_chain(gu):
     n = gu.shape[-1] // 2
-    h = torch.nn.functional.silu(gu[:, :n]) * gu[:, n:]
-    amax = h.abs().amax(dim=-1, keepdim=True).to(torch.float32)
-    scale = (amax / FMAX).clamp(min=1.0 / (FMAX * 512.0))
-    return (h.to(torch.float32) * scale.reciprocal()).clamp(-FMAX, FMAX).to(FP8), scale
+    return stock_per_token_quant(torch.nn.functional.silu(gu[:, :n]) * gu[:, n:])
 
 
 def main(argv=None) -> int:
@@ -54,22 +52,8 @@ def main(argv=None) -> int:
             providers = {"floor": floor, "eager": lambda: stock_chain(gu),
                          "compile_stock": lambda: compiled(gu),
                          "ours": lambda: smq.silu_mul_quant_triton(gu, 0, FP8)}
-            for name, fn in providers.items():
-                row = {"M": m, "N": n, "provider": name}
-                for mode in modes:
-                    row[f"{mode}_us"] = time_us(fn, mode)
-                try:
-                    row["kernels"] = count_kernels(fn)
-                except Exception:
-                    row["kernels"] = None
-                rows.append(row)
-            by = {r["provider"]: r for r in rows if r["M"] == m and r["N"] == n}
-            for mode in modes:
-                by["ours"][f"{mode}_vs_compile_stock"] = by["compile_stock"][f"{mode}_us"] / by["ours"][f"{mode}_us"]
-                by["ours"][f"{mode}_vs_floor"] = by["ours"][f"{mode}_us"] / by["floor"][f"{mode}_us"]
-    cols = ["M", "N", "provider", "kernels"] + [f"{m}_us" for m in modes] + \
-        [f"{m}_{s}" for m in modes for s in ("vs_compile_stock", "vs_floor")]
-    print_table(rows, cols)
+            rows += measure_shape({"M": m, "N": n}, providers, modes, BASELINES)
+    print_table(rows, table_columns(["M", "N"], modes, BASELINES))
     write_json(args.json, "silu_mul_quant", rows)
     return 0
 

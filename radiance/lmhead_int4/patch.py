@@ -31,10 +31,9 @@ import logging
 
 import torch
 
-from .. import envs
 from ..patching import Patch, resolve
 from ..w4 import convert
-from ..w4.patch_drafter import group_size_problem
+from ..w4.patch_drafter import w4_guard
 from ..w4.scope import DRAFT_SCOPE
 
 logger = logging.getLogger("radiance")
@@ -78,16 +77,7 @@ class Int4HeadPatch(Patch):
         self.converted: list[tuple[str, tuple[int, int]]] = []
 
     def guard(self) -> str | None:
-        try:
-            self.group_size = envs.get("RADIANCE_W4_GROUP_SIZE")
-        except envs.KnobError as exc:
-            return str(exc)
-        problem = group_size_problem(self.group_size)
-        if problem:
-            return f"RADIANCE_W4_GROUP_SIZE={self.group_size}: {problem}"
-        if not DRAFT_SCOPE.applied:
-            return "the drafter-load bracket (w4.draft_scope) is not installed"
-        return None
+        return w4_guard(self)
 
     def apply(self) -> None:
         owner, attr, orig = resolve(_HOOK)

@@ -59,6 +59,22 @@ def group_size_problem(g: int) -> str | None:
     return None
 
 
+def w4_guard(patch: Patch) -> str | None:
+    """The guard both 4-bit patches (w4-drafter, int4-head) share: G read into
+    ``patch.group_size`` and checked against the kernel, and the drafter-load bracket installed
+    (both use it to tell the drafter's load from the target's)."""
+    try:
+        patch.group_size = envs.get("RADIANCE_W4_GROUP_SIZE")
+    except envs.KnobError as exc:
+        return str(exc)
+    problem = group_size_problem(patch.group_size)
+    if problem:
+        return f"RADIANCE_W4_GROUP_SIZE={patch.group_size}: {problem}"
+    if not DRAFT_SCOPE.applied:
+        return "the drafter-load bracket (w4.draft_scope) is not installed"
+    return None
+
+
 class W4DrafterPatch(Patch):
     name = "w4_drafter.linears"
     feature = "w4_drafter"
@@ -74,16 +90,7 @@ class W4DrafterPatch(Patch):
         self.converted_total = 0
 
     def guard(self) -> str | None:
-        try:
-            self.group_size = envs.get("RADIANCE_W4_GROUP_SIZE")
-        except envs.KnobError as exc:
-            return str(exc)
-        problem = group_size_problem(self.group_size)
-        if problem:
-            return f"RADIANCE_W4_GROUP_SIZE={self.group_size}: {problem}"
-        if not DRAFT_SCOPE.applied:
-            return "the drafter-load bracket (w4.draft_scope) is not installed"
-        return None
+        return w4_guard(self)
 
     def apply(self) -> None:
         owner, attr, orig = resolve(_UNQUANT)

@@ -3,16 +3,12 @@ determinism, Triton vs reference bit for bit (interpreter on CPU, compiled on a 
 op's registration, and AOT builds for gfx1201 / gfx942."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 from radiance.kernels import add_rms_quant as arq
-from radiance.kernels import aot
 
 M_SIZES = (1, 8, 64, 512, 4096)
 K_SIZES = (2048, 5120)
@@ -207,15 +203,10 @@ _INTERPRET = textwrap.dedent("""
 """)
 
 
-def test_triton_interpreter_bit_exact():
+def test_triton_interpreter_bit_exact(run_interpreted):
     pytest.importorskip("triton")
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([here, root])}
-    out = subprocess.run([sys.executable, "-c", _INTERPRET], env=env, capture_output=True, check=False,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("OK"), out.stdout[-3000:]
+    out = run_interpreted(_INTERPRET)
+    assert out.strip().endswith("OK"), out[-3000:]
 
 
 # --- Triton vs reference on a GPU (bit for bit, across devices) ---------------------------
@@ -250,11 +241,8 @@ def test_reference_on_gpu_equals_reference_on_cpu():
 
 # --- AOT ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch", ["gfx1201", "gfx942"])
-def test_aot_compiles(arch):
-    pytest.importorskip("triton")
-    specs = [s for s in aot.load_all()[0].values() if s.name.startswith("add_rms_quant[")]
+def test_aot_compiles(aot_arch, aot_specs, aot_compile):
+    specs = aot_specs("add_rms_quant")
     assert len(specs) == len(arq.AOT_HIDDEN) * len(FORMATS) * len(GROUPS)
     for spec in specs:
-        compiled = aot.compile_spec(spec, arch)
-        assert compiled.asm.get(aot.binary_kind(arch)), spec.name
+        aot_compile(spec, aot_arch)

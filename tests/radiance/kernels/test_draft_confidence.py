@@ -1,15 +1,11 @@
 """draft_confidence: Triton equals the reference (ids and max exact, sum-exp to fp32 rounding)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-from radiance.kernels import aot
 from radiance.kernels.draft_confidence import (draft_confidence, draft_confidence_reference,
                                                draft_confidence_triton, split_plan)
 
@@ -88,23 +84,16 @@ _INTERPRETER_CHECK = textwrap.dedent("""
 """)
 
 
-def test_triton_kernel_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    r = subprocess.run([sys.executable, "-c", _INTERPRETER_CHECK], env=env, cwd=root,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+def test_triton_kernel_in_the_interpreter(run_interpreted):
+    out = run_interpreted(_INTERPRETER_CHECK)
+    assert "ok" in out, out[-3000:]
 
 
-@pytest.mark.parametrize("arch", ["gfx1201", "gfx942"])
-def test_aot_compiles(arch):
-    pytest.importorskip("triton")
-    specs, _ = aot.load_all()
-    mine = [s for s in specs.values() if s.name.startswith("draft_confidence[")]
+def test_aot_compiles(aot_arch, aot_specs, aot_compile):
+    mine = aot_specs("draft_confidence")
     assert mine
     for spec in mine:
-        compiled = aot.compile_spec(spec, arch)
-        assert compiled.asm.get(aot.binary_kind(arch))
+        aot_compile(spec, aot_arch)
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")

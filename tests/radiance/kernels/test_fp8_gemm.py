@@ -3,15 +3,11 @@ reference (interpreter on CPU, compiled on a GPU), torch._scaled_mm vs the refer
 GPU that has it, the dispatcher, the op's registration, and AOT builds."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-from radiance.kernels import aot
 from radiance.kernels import fp8_gemm as fg
 
 FORMATS = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -109,16 +105,11 @@ _INTERPRET = textwrap.dedent("""
 """)
 
 
-def test_triton_interpreter_matches_reference():
+def test_triton_interpreter_matches_reference(run_interpreted):
     pytest.importorskip("triton")
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([here, root])}
-    out = subprocess.run([sys.executable, "-c", _INTERPRET], env=env, capture_output=True, check=False,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    worst = float(out.stdout.split("WORST")[-1])
-    assert worst < 1e-5, out.stdout
+    out = run_interpreted(_INTERPRET)
+    worst = float(out.split("WORST")[-1])
+    assert worst < 1e-5, out
 
 
 # --- GPU ---------------------------------------------------------------------------------
@@ -169,13 +160,10 @@ def test_scaled_mm_used_where_the_arch_has_it():
     assert not fg.scaled_mm_supported(*g, torch.bfloat16)
 
 
-@pytest.mark.parametrize("arch", ["gfx1201", "gfx942"])
-def test_aot_compiles(arch):
-    pytest.importorskip("triton")
-    specs = [s for s in aot.load_all()[0].values() if s.name.startswith("fp8_gemm[")]
+def test_aot_compiles(aot_arch, aot_specs, aot_compile):
+    specs = aot_specs("fp8_gemm")
     assert specs
     for spec in specs:
-        compiled = aot.compile_spec(spec, arch)
-        assert compiled.asm.get(aot.binary_kind(arch)), spec.name
-        if arch == "gfx1201":  # RDNA4's fp8 WMMA, not an upcast
+        compiled = aot_compile(spec, aot_arch)
+        if aot_arch == "gfx1201":  # RDNA4's fp8 WMMA, not an upcast
             assert "v_wmma_f32_16x16x16_fp8_fp8" in compiled.asm["amdgcn"], spec.name

@@ -1,15 +1,11 @@
 """ngram_match: Triton equals the reference exactly (continuations and lengths are integers)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-from radiance.kernels import aot
 from radiance.kernels.ngram_match import (ngram_match, ngram_match_reference,
                                           ngram_match_triton)
 
@@ -79,22 +75,16 @@ _INTERPRETER_CHECK = textwrap.dedent("""
 """)
 
 
-def test_triton_kernel_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    r = subprocess.run([sys.executable, "-c", _INTERPRETER_CHECK], env=env, cwd=root,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+def test_triton_kernel_in_the_interpreter(run_interpreted):
+    out = run_interpreted(_INTERPRETER_CHECK)
+    assert "ok" in out, out[-3000:]
 
 
-@pytest.mark.parametrize("arch", ["gfx1201", "gfx942"])
-def test_aot_compiles(arch):
-    pytest.importorskip("triton")
-    specs, _ = aot.load_all()
-    mine = [s for s in specs.values() if s.name.startswith("ngram_match[")]
+def test_aot_compiles(aot_arch, aot_specs, aot_compile):
+    mine = aot_specs("ngram_match")
     assert mine
     for spec in mine:
-        assert aot.compile_spec(spec, arch).asm.get(aot.binary_kind(arch))
+        aot_compile(spec, aot_arch)
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")

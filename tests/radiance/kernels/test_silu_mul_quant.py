@@ -3,16 +3,12 @@ reference's determinism, Triton vs reference bit for bit (interpreter on CPU, co
 a GPU), the op's registration, and AOT builds for gfx1201 / gfx942."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 from radiance.kernels import add_rms_quant as arq
-from radiance.kernels import aot
 from radiance.kernels import silu_mul_quant as smq
 
 M_SIZES = (1, 8, 64, 512, 4096)
@@ -136,15 +132,10 @@ _INTERPRET = textwrap.dedent("""
 """)
 
 
-def test_triton_interpreter_bit_exact():
+def test_triton_interpreter_bit_exact(run_interpreted):
     pytest.importorskip("triton")
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([here, root])}
-    out = subprocess.run([sys.executable, "-c", _INTERPRET], env=env, capture_output=True, check=False,
-                         text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("OK"), out.stdout[-3000:]
+    out = run_interpreted(_INTERPRET)
+    assert out.strip().endswith("OK"), out[-3000:]
 
 
 @gpu
@@ -163,11 +154,8 @@ def test_triton_bit_exact_on_gpu(m, n, fmt, group):
     assert torch.equal(as_bytes(op[0]), as_bytes(got[0]))
 
 
-@pytest.mark.parametrize("arch", ["gfx1201", "gfx942"])
-def test_aot_compiles(arch):
-    pytest.importorskip("triton")
-    specs = [s for s in aot.load_all()[0].values() if s.name.startswith("silu_mul_quant[")]
+def test_aot_compiles(aot_arch, aot_specs, aot_compile):
+    specs = aot_specs("silu_mul_quant")
     assert len(specs) == len(smq.AOT_INTERMEDIATE) * len(FORMATS) * len(GROUPS)
     for spec in specs:
-        compiled = aot.compile_spec(spec, arch)
-        assert compiled.asm.get(aot.binary_kind(arch)), spec.name
+        aot_compile(spec, aot_arch)

@@ -4,15 +4,11 @@ AOT builds for gfx1201 / gfx942, and the compiled kernel against the reference o
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-from radiance.kernels import aot
 from radiance.kernels import w4a16_gemm as wk
 from radiance.w4 import layout, quant
 
@@ -191,15 +187,10 @@ _INTERPRET = textwrap.dedent("""
 """)
 
 
-def test_triton_interpreter_matches_reference():
+def test_triton_interpreter_matches_reference(run_interpreted):
     pytest.importorskip("triton")
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([here, root])}
-    out = subprocess.run([sys.executable, "-c", _INTERPRET], env=env, capture_output=True, check=False,
-                         text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("OK"), out.stdout[-3000:]
+    out = run_interpreted(_INTERPRET, timeout=900)
+    assert out.strip().endswith("OK"), out[-3000:]
 
 
 # --- AOT ---------------------------------------------------------------------------------
@@ -208,14 +199,10 @@ def test_triton_interpreter_matches_reference():
                                           ("gfx942", "w4a16_gemm[bf16,BN64,BM16,SK4]"),
                                           ("gfx942", "w4a16_gemm[fp16,BN64,BM16,SK1]"),
                                           ("sm90", "w4a16_gemm[bf16,BN64,BM16,SK4,ptx]")])
-def test_aot_compiles(arch, variant):
-    pytest.importorskip("triton")
-    specs = aot.load_all()[0]
-    names = [s for s in specs if s.startswith("w4a16_gemm[")]
-    assert len(names) == 2 * 3 * 2
-    spec = specs[variant]
-    compiled = aot.compile_spec(spec, arch)
-    assert compiled.asm.get(aot.binary_kind(arch)), spec.name
+def test_aot_compiles(arch, variant, aot_specs, aot_compile):
+    specs = {s.name: s for s in aot_specs("w4a16_gemm")}
+    assert len(specs) == 2 * 3 * 2
+    aot_compile(specs[variant], arch)
 
 
 # --- Triton vs reference on a GPU --------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Real vLLM layers on CPU need a (single-process, gloo) tensor-parallel group and a config."""
+"""Real vLLM layers on CPU need a (single-process, gloo) tensor-parallel group and a config;
+the w4-drafter and int4-head patch tests both build them."""
 from __future__ import annotations
 
 import socket
