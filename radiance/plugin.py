@@ -45,7 +45,8 @@ def _setup_logging() -> None:
         logger.setLevel(envs.get("RADIANCE_LOG_LEVEL"))
     except envs.KnobError:
         logger.setLevel(logging.INFO)
-    logger.propagate = False
+    # Propagation stays on: vLLM configures only its own "vllm" logger, so nothing prints twice, and
+    # whoever configures the root logger (a test's log capture, an operator) still sees these lines.
 
 
 def vllm_version() -> str | None:
