@@ -1,6 +1,8 @@
 """`radiance logs NAME`: the engine's log (and the supervisor's with --supervisor)."""
 from __future__ import annotations
 
+from collections import deque
+
 import click
 
 from .. import errors
@@ -16,37 +18,33 @@ from ..state import DeploymentState, all_deployments
 def command(name: str | None, follow: bool, supervisor: bool, tail: int | None) -> None:
     """Print the engine log of deployment NAME (the only one, when NAME is omitted)."""
     st = _pick(name)
+    # Both runtimes write the engine's output to the same file (docker mirrors the container's logs).
     path = st.supervisor_log if supervisor else st.engine_log
-    if st.runtime == "docker" and not supervisor and st.engine_ident:
-        try:
-            from ..runtime.docker import container_logs
-        except ImportError:
-            container_logs = None
-        if container_logs is not None:
-            for line in container_logs(st.engine_ident, follow=follow, tail=tail):
-                click.echo(line)
-            return
-    lines = follow_file(path, follow=False, alive=lambda: False)
     if tail is not None:
-        from collections import deque
-
-        lines = iter(deque(lines, maxlen=tail))
+        for line in deque(follow_file(path, follow=False, alive=lambda: False), maxlen=tail):
+            click.echo(line)
+        if not follow:
+            return
+        lines = _new_lines(path, st)
+    else:
+        lines = follow_file(path, follow=follow, alive=st.supervisor_alive)
     for line in lines:
         click.echo(line)
-    if follow:
-        # Re-open at the end and keep going while the supervisor lives.
-        import os
 
-        with open(path, errors="replace") as f:
-            f.seek(0, os.SEEK_END)
-            import time
 
-            while st.supervisor_alive():
-                line = f.readline()
-                if line:
-                    click.echo(line.rstrip("\n"))
-                else:
-                    time.sleep(0.25)
+def _new_lines(path: str, st: DeploymentState):
+    """Lines appended to path from now on, while the deployment's supervisor lives."""
+    import os
+    import time
+
+    with open(path, errors="replace") as f:
+        f.seek(0, os.SEEK_END)
+        while st.supervisor_alive():
+            line = f.readline()
+            if line:
+                yield line.rstrip("\n")
+            else:
+                time.sleep(0.25)
 
 
 def _pick(name: str | None) -> DeploymentState:
