@@ -185,3 +185,30 @@ class TwoRankAllReduceEpilogue:
         out = allreduce_add_rms_quant_triton(p0, p1, residual, weight, eps, group_size, fp8_dtype)
         self.slot ^= 1
         return out
+
+
+def _register_aot() -> None:
+    """Per-rank kernel specialisations, so `python -m radiance.kernels.aot` proves they build for
+    gfx1201/gfx942 and an image can ship them compiled (same options as the launch above)."""
+    if triton is None:
+        return
+    from ..kernels import aot
+    from ..kernels.add_rms_quant import AOT_HIDDEN, FP8_DTYPES, SUPPORTED_GROUPS, aot_options
+
+    sig = {"p0_ptr": "*bf16", "p1_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": "*u8",
+           "s_ptr": "*fp32", "ro_ptr": "*bf16", "K": "i32", "eps": "fp32"}
+    for k in AOT_HIDDEN:
+        block_a, block_b, log2, num_warps = launch_params(k)
+        for fp8_dtype in FP8_DTYPES:
+            for group in SUPPORTED_GROUPS:
+                consts = {**quant_constexprs(group, fp8_dtype), "BLOCK_A": block_a, "BLOCK_B": block_b,
+                          "LOG2": log2}
+                fmt = "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
+                aot.register(aot.AotSpec(
+                    name=f"allreduce_add_rms_quant[2 ranks,bf16,K{k},{fmt},g{group}]", feature="fp8_stream",
+                    kernel=_allreduce_add_rms_quant_kernel,
+                    signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts,
+                    num_warps=num_warps, **aot_options()))
+
+
+_register_aot()

@@ -25,6 +25,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "radiance.kernels.add_rms_quant",
     "radiance.kernels.silu_mul_quant",
     "radiance.kernels.fp8_gemm",
+    "radiance.fp8_stream.fused_allreduce",
     "radiance.kernels.draft_confidence",
     "radiance.kernels.ngram_match",
 )

@@ -106,3 +106,17 @@ def test_fused_kernel_interpreted_exact():
                          capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("arch", ["gfx1201", "gfx942"])
+def test_fused_allreduce_kernel_builds_ahead_of_time_for_amd(arch):
+    pytest.importorskip("triton")
+    from radiance.kernels import aot
+
+    import radiance.fp8_stream.fused_allreduce  # noqa: F401  (registers its specs)
+
+    specs = [s for s in aot.load_all()[0].values() if s.name.startswith("allreduce_add_rms_quant[")]
+    assert len(specs) == 8
+    for spec in specs[:2]:
+        compiled = aot.compile_spec(spec, arch)
+        assert compiled.asm.get("hsaco"), spec.name
