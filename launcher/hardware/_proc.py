@@ -8,6 +8,7 @@ one that replays captured output.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -78,3 +79,21 @@ def module_installed(name: str) -> bool:
 def python_script(source: str) -> list[str]:
     """argv that runs ``source`` with this interpreter, so it sees the same site-packages."""
     return [sys.executable, "-c", source]
+
+
+def run_library_probe(name: str, script: str, timeout: float, runner: "Runner", log) -> dict | None:
+    """Run a vendor-library probe script in a child Python; its last stdout line is JSON.
+
+    Returns the decoded object, or None after recording why in ``log`` (timeout, crash,
+    unreadable output). An ``{"error": ...}`` object is returned as is: what it means is the
+    vendor's to say.
+    """
+    res = runner(python_script(script), timeout)
+    if not res.ok:
+        log.record(name, "timeout" if res.failure == "timeout" else "failed", res.describe())
+        return None
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        log.record(name, "failed", "unreadable output")
+        return None

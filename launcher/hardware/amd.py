@@ -8,7 +8,6 @@ its GPU-node order is HIP's device order); amdsmi, when it answers, adds names a
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._proc import CommandResult, Runner, module_installed, python_script, run_command
+from ._proc import CommandResult, Runner, module_installed, run_command, run_library_probe
 from .arch import gfx_target_version_to_arch, normalize_arch
 from .types import DeviceNode, GpuInfo, ProbeLog
 
@@ -487,14 +486,8 @@ def probe(
 
 
 def _probe_amdsmi(timeout: float, runner: Runner, log: ProbeLog) -> list[GpuInfo]:
-    res = runner(python_script(_AMDSMI_SCRIPT), timeout)
-    if not res.ok:
-        log.record("amd.amdsmi", "timeout" if res.failure == "timeout" else "failed", res.describe())
-        return []
-    try:
-        data = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        log.record("amd.amdsmi", "failed", "unreadable output")
+    data = run_library_probe("amd.amdsmi", _AMDSMI_SCRIPT, timeout, runner, log)
+    if data is None:
         return []
     if "error" in data:
         log.record("amd.amdsmi", "failed", str(data["error"]))

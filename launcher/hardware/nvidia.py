@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._proc import Runner, module_installed, python_script, run_command
+from ._proc import Runner, module_installed, run_command, run_library_probe
 from .arch import cuda_arch, cuda_capability
 from .types import GpuInfo, ProbeLog
 
@@ -216,14 +215,8 @@ def probe(
 
 
 def _probe_nvml(timeout: float, runner: Runner, log: ProbeLog) -> list[GpuInfo]:
-    res = runner(python_script(_NVML_SCRIPT), timeout)
-    if not res.ok:
-        log.record("nvidia.nvml", "timeout" if res.failure == "timeout" else "failed", res.describe())
-        return []
-    try:
-        data = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        log.record("nvidia.nvml", "failed", "unreadable output")
+    data = run_library_probe("nvidia.nvml", _NVML_SCRIPT, timeout, runner, log)
+    if data is None:
         return []
     if "error" in data:
         # No driver behind the bindings: the normal state of a machine with pynvml but no GPU.
