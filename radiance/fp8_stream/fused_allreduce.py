@@ -37,14 +37,7 @@ try:  # Triton is optional: the reference runs everywhere.
     import triton
     import triton.language as tl
 
-    from ..kernels.add_rms_quant import (
-        _fixed,
-        _norm_part,
-        _pow2,
-        _quant_row,
-        _round_to,
-        _sumsq_scale,
-    )
+    from ..kernels.add_rms_quant import _norm_quant_row, _round_to
 except ImportError:  # pragma: no cover - CPU images without Triton
     triton = None
     tl = None
@@ -89,24 +82,11 @@ if triton is not None:
         row = tl.program_id(0).to(tl.int64)
         act: tl.constexpr = p0_ptr.dtype.element_ty
         sa = _sum_add_part(p0_ptr, p1_ptr, r_ptr, ro_ptr, row, K, 0, BLOCK_A)
-        sqa = sa * sa
-        mx = tl.max(sqa, axis=0)
+        sb = sa  # placeholder when there is no second part (never read)
         if BLOCK_B > 0:
             sb = _sum_add_part(p0_ptr, p1_ptr, r_ptr, ro_ptr, row, K, BLOCK_A, BLOCK_B)
-            sqb = sb * sb
-            mx = tl.maximum(mx, tl.max(sqb, axis=0))
-        f = _sumsq_scale(mx, LOG2)
-        total = _fixed(sqa, f)
-        if BLOCK_B > 0:
-            total += _fixed(sqb, f)
-        sumsq = total.to(tl.float32) * _pow2(-f)
-        var = tl.math.div_rn(sumsq, tl.cast(K, tl.float32))
-        rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
-        xa = _norm_part(sa, rstd, w_ptr, K, 0, BLOCK_A, act)
-        xb = xa
-        if BLOCK_B > 0:
-            xb = _norm_part(sb, rstd, w_ptr, K, BLOCK_A, BLOCK_B, act)
-        _quant_row(xa, xb, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A, BLOCK_B)
+        _norm_quant_row(sa, sb, row, w_ptr, q_ptr, s_ptr, K, eps, FMAX, MIN_SCALE, GROUP, FNUZ,
+                        BLOCK_A, BLOCK_B, LOG2, act)
 
 
 def allreduce_add_rms_quant_triton(p0: torch.Tensor, p1: torch.Tensor, residual: torch.Tensor,

@@ -291,19 +291,16 @@ if triton is not None:
         return _round_to((s * rstd) * (w.to(tl.float32) + 1.0), act).to(tl.float32)
 
     @triton.jit
-    def _add_rms_quant_kernel(y_ptr, r_ptr, w_ptr, q_ptr, s_ptr, ro_ptr, K, eps,
-                              FMAX: tl.constexpr, MIN_SCALE: tl.constexpr,
-                              GROUP: tl.constexpr, FNUZ: tl.constexpr,
-                              BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, LOG2: tl.constexpr):
-        # The row is split into two power-of-two parts (5120 = 4096 + 1024) instead of one
-        # padded block (8192): masked lanes cost the same instructions as live ones.
-        row = tl.program_id(0).to(tl.int64)
-        act: tl.constexpr = y_ptr.dtype.element_ty
-        sa = _add_part(y_ptr, r_ptr, ro_ptr, row, K, 0, BLOCK_A)
+    def _norm_quant_row(sa, sb, row, w_ptr, q_ptr, s_ptr, K, eps, FMAX: tl.constexpr,
+                        MIN_SCALE: tl.constexpr, GROUP: tl.constexpr, FNUZ: tl.constexpr,
+                        BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, LOG2: tl.constexpr,
+                        act: tl.constexpr):
+        """RMSNorm + fp8 quant of one row held as two parts (sa, then sb when BLOCK_B > 0), in
+        fp32; shared by this kernel and the fused two-rank all-reduce epilogue."""
         sqa = sa * sa
         mx = tl.max(sqa, axis=0)
+        sqb = sqa  # placeholder when there is no second part (never read)
         if BLOCK_B > 0:
-            sb = _add_part(y_ptr, r_ptr, ro_ptr, row, K, BLOCK_A, BLOCK_B)
             sqb = sb * sb
             mx = tl.maximum(mx, tl.max(sqb, axis=0))
         f = _sumsq_scale(mx, LOG2)
@@ -318,6 +315,22 @@ if triton is not None:
         if BLOCK_B > 0:
             xb = _norm_part(sb, rstd, w_ptr, K, BLOCK_A, BLOCK_B, act)
         _quant_row(xa, xb, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A, BLOCK_B)
+
+    @triton.jit
+    def _add_rms_quant_kernel(y_ptr, r_ptr, w_ptr, q_ptr, s_ptr, ro_ptr, K, eps,
+                              FMAX: tl.constexpr, MIN_SCALE: tl.constexpr,
+                              GROUP: tl.constexpr, FNUZ: tl.constexpr,
+                              BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, LOG2: tl.constexpr):
+        # The row is split into two power-of-two parts (5120 = 4096 + 1024) instead of one
+        # padded block (8192): masked lanes cost the same instructions as live ones.
+        row = tl.program_id(0).to(tl.int64)
+        act: tl.constexpr = y_ptr.dtype.element_ty
+        sa = _add_part(y_ptr, r_ptr, ro_ptr, row, K, 0, BLOCK_A)
+        sb = sa  # placeholder when there is no second part (never read)
+        if BLOCK_B > 0:
+            sb = _add_part(y_ptr, r_ptr, ro_ptr, row, K, BLOCK_A, BLOCK_B)
+        _norm_quant_row(sa, sb, row, w_ptr, q_ptr, s_ptr, K, eps, FMAX, MIN_SCALE, GROUP, FNUZ,
+                        BLOCK_A, BLOCK_B, LOG2, act)
 
 
 def split_row(k: int) -> tuple[int, int]:
