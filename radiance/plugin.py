@@ -38,15 +38,18 @@ _registry: Registry | None = None
 def _setup_logging() -> None:
     if logger.handlers:
         return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [radiance] %(message)s", "%m-%d %H:%M:%S"))
-    logger.addHandler(handler)
     try:
         logger.setLevel(envs.get("RADIANCE_LOG_LEVEL"))
     except envs.KnobError:
         logger.setLevel(logging.INFO)
-    # Propagation stays on: vLLM configures only its own "vllm" logger, so nothing prints twice, and
-    # whoever configures the root logger (a test's log capture, an operator) still sees these lines.
+    # Each line must print once. Where the root logger is configured (some vLLM worker setups, a
+    # test's log capture, an operator's config) our records go there; otherwise to our own handler.
+    if logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [radiance] %(message)s", "%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    logger.propagate = False
 
 
 def vllm_version() -> str | None:

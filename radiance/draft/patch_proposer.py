@@ -366,6 +366,10 @@ class DynamicDraftPatch(Patch):
             logits = model.compute_logits(hidden_states)
             return sample_top1(logits, 0, logits.shape[-1])
         check_vocab(lp.org_vocab_size)
+        if not getattr(proposer, "_radiance_local_vocab_logged", False):
+            proposer._radiance_local_vocab_logged = True
+            logger.info("radiance: dynamic-draft samples drafts from vocabulary shards (TP=%d, "
+                        "3 floats per row exchanged)", tp)
         local = lp._apply_head(head, hidden_states, None)
         local = local.reshape(-1, local.shape[-1])
         b = local.shape[0]
