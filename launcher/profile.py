@@ -14,6 +14,8 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from radiance import envs
+
 from .gate.config import GateConfig
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -85,19 +87,12 @@ class DynamicDraft(_Strict):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, v: str) -> str:
-        # Same grammar as RADIANCE_DRAFT_SCHEDULE; parsed by the knob parser's rules.
-        v = v.strip()
-        if not v:
-            return v
-        sizes = []
-        for item in v.split(","):
-            m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", item)
-            if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
-                raise ValueError(f"entry {item!r} is not 'batch_size:max_depth' — fix: e.g. \"1:8,2:7,4:6\"")
-            sizes.append(int(m.group(1)))
-        if sizes != sorted(set(sizes)):
-            raise ValueError("batch sizes must be strictly increasing — fix: e.g. \"1:8,2:7,4:6\"")
-        return ",".join(s.strip().replace(" ", "") for s in v.split(","))
+        # The knob's own parser: the profile and RADIANCE_DRAFT_SCHEDULE accept exactly the same strings.
+        try:
+            pairs = envs.parse_schedule("schedule", v)
+        except envs.KnobError as exc:
+            raise ValueError(f"{exc} — fix: e.g. \"1:8,2:7,4:6\"") from None
+        return ",".join(f"{bs}:{depth}" for bs, depth in pairs)
 
 
 class Toggle(_Strict):

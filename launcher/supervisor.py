@@ -46,6 +46,10 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+# Merging per-process outcomes: "applied" anywhere wins over "disabled"; a runtime failure anywhere wins over all.
+_RANK = {"disabled": 0, "declined": 1, "applied": 2, "failed-at-runtime": 3}
+
+
 def read_patch_reports(report_dir: Path) -> dict:
     """Merge the per-process patch reports the plugin wrote: feature -> outcome."""
     merged: dict[str, dict] = {}
@@ -56,9 +60,7 @@ def read_patch_reports(report_dir: Path) -> dict:
             continue
         for p in data.get("patches", []):
             prev = merged.get(p["patch"])
-            # "applied" anywhere wins over "disabled"; a runtime failure anywhere wins over all.
-            rank = {"disabled": 0, "declined": 1, "applied": 2, "failed-at-runtime": 3}
-            if prev is None or rank.get(p["status"], 0) > rank.get(prev["status"], 0):
+            if prev is None or _RANK.get(p["status"], 0) > _RANK.get(prev["status"], 0):
                 merged[p["patch"]] = p
     return {"patches": list(merged.values())}
 
