@@ -75,6 +75,14 @@ class Gateway:
         token = header[7:] if header.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
         return hmac.compare_digest(token.encode(), self._api_key.encode())
 
+    def _refuse(self, request: web.Request) -> web.Response | None:
+        """Why an engine path may not be served now (key, readiness), or None."""
+        if not self._authorized(request):
+            return _json_error(401, "missing or wrong API key", "authentication_error")
+        if not self.state.ready:
+            return _json_error(503, f"endpoint not ready: {self.state.reason}", "unavailable")
+        return None
+
     async def live(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "live", "phase": self.state.phase})
 
@@ -93,10 +101,9 @@ class Gateway:
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         """The engine's /metrics with the plugin's counters appended."""
-        if not self._authorized(request):
-            return _json_error(401, "missing or wrong API key", "authentication_error")
-        if not self.state.ready:
-            return _json_error(503, f"endpoint not ready: {self.state.reason}", "unavailable")
+        refused = self._refuse(request)
+        if refused is not None:
+            return refused
         assert self._session is not None
         try:
             async with self._session.get(self.upstream + "/metrics") as upstream:
@@ -109,10 +116,9 @@ class Gateway:
         return web.Response(status=status, body=text.encode(), headers={"Content-Type": ctype})
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
-        if not self._authorized(request):
-            return _json_error(401, "missing or wrong API key", "authentication_error")
-        if not self.state.ready:
-            return _json_error(503, f"endpoint not ready: {self.state.reason}", "unavailable")
+        refused = self._refuse(request)
+        if refused is not None:
+            return refused
         self.in_flight += 1
         self._idle.clear()
         try:
