@@ -7,6 +7,10 @@ Stock runs k serial MTP forwards per step (drafts × k); dynamic's forwards are 
 count (tests/e2e/test_dynamic_draft_lossless.py shows it equals an independent hook count).
 
     python benchmarks/bench_dynamic_draft_e2e.py [--ks 1,2,4,8] [--json out.json]
+    python benchmarks/bench_dynamic_draft_e2e.py --ks 4,8 --variants "tau=0.5;schedule=1:4"
+
+``--variants`` adds dynamic runs with other knob values at every k, compared with stock at the
+same k: variants are ``;``-separated, each a ``&``-joined list of ``tau=..`` / ``schedule=..``.
 """
 from __future__ import annotations
 
@@ -47,8 +51,11 @@ def _spec(llm) -> dict:
             if m.name.startswith("vllm:spec_decode") and isinstance(getattr(m, "value", None), (int, float))}
 
 
-def run(k: int, dynamic: bool) -> dict:
+def run(k: int, dynamic: bool, knobs: dict[str, str] | None = None) -> dict:
     os.environ["RADIANCE_DYNAMIC_DRAFT"] = "1" if dynamic else "0"
+    for name in ("RADIANCE_DRAFT_TAU", "RADIANCE_DRAFT_SCHEDULE"):
+        os.environ.pop(name, None)
+    os.environ.update(knobs or {})
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc ships _controller_forwards
     from vllm import LLM, SamplingParams
 
@@ -85,15 +92,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ks", default="1,2,4,8")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--variants", default="", help='e.g. "tau=0.5;tau=0.5&schedule=1:4"')
     args = ap.parse_args()
+    variants = {"dynamic": {}}
+    for spec in filter(None, args.variants.split(";")):
+        knobs = dict(item.split("=", 1) for item in spec.split("&"))
+        variants[f"dyn[{spec}]"] = {f"RADIANCE_DRAFT_{name.upper()}": value for name, value in knobs.items()}
     results = {}
     for k in [int(x) for x in args.ks.split(",")]:
-        for mode in ("stock", "dynamic"):
-            results[f"{k}/{mode}"] = run(k, mode == "dynamic")
+        results[f"{k}/stock"] = run(k, False)
+        for mode, knobs in variants.items():
+            results[f"{k}/{mode}"] = run(k, True, knobs)
     rows = []
-    print(f"{'k':>2} {'mode':8} {'kind':10} {'fwd/acc':>8} {'acc rate':>8} {'tok/s':>7} same-as-stock")
+    print(f"{'k':>2} {'mode':24} {'kind':10} {'fwd/acc':>8} {'acc rate':>8} {'tok/s':>7} same-as-stock")
     for key, res in results.items():
-        k, mode = key.split("/")
+        k, mode = key.split("/", 1)
         for kind, r in res.items():
             same = r["tokens"] == results[f"{k}/stock"][kind]["tokens"]
             fpa = r["forwards"] / r["accepted"] if r["accepted"] else float("inf")
@@ -101,7 +114,7 @@ def main() -> None:
             rows.append({"k": int(k), "mode": mode, "kind": kind, "forwards": r["forwards"],
                          "accepted": r["accepted"], "forwards_per_accepted": fpa, "acceptance_rate": rate,
                          "tok_s": r["tok_s"], "identical_to_stock": same})
-            print(f"{k:>2} {mode:8} {kind:10} {fpa:8.2f} {rate:8.3f} {r['tok_s']:7.1f} {same}")
+            print(f"{k:>2} {mode:24} {kind:10} {fpa:8.2f} {rate:8.3f} {r['tok_s']:7.1f} {same}")
     if args.json:
         Path(args.json).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=1))
 
