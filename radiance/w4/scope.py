@@ -9,6 +9,12 @@ bracket, the int4-head patch only outside it. ``_get_model`` returns before
 ``_maybe_share_embeddings`` / ``_maybe_share_lm_head`` alias the target's modules into the
 drafter, so nothing of the target is ever processed inside the bracket.
 
+The DFlash proposer (``DFlashProposer``) inherits the base ``_get_model``, so a DFlash drafter is
+bracketed the same way (tests/e2e/test_w4_dflash.py). Its model builds the fused context-KV
+weight inside ``load_weights``, i.e. before ``process_weights_after_loading``: for a bf16
+drafter that weight is a bf16 copy taken before conversion, so the context (prefill) K/V
+projection stays a dense GEMM and never runs through the 4-bit kernel.
+
 One instance (``DRAFT_SCOPE``) is listed in the ``PATCHES`` of both features; the registry
 installs it once ("already applied" the second time).
 """

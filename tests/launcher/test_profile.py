@@ -98,3 +98,17 @@ def test_fingerprint_is_stable_and_sensitive():
     b = parse_profile(GOOD, "y")
     c = parse_profile(GOOD.replace("tp: 1", "tp: 2"), "z")
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+
+
+def test_radiance_fp8_quantization_reaches_the_engine(tmp_path):
+    from launcher import engine_args
+
+    text = GOOD.replace("  path: builtin:tiny-qwen3next", "  path: builtin:tiny-qwen3next\n  quantization: radiance_fp8") \
+        .replace("  tp: 1", "  tp: 2").replace("  dynamic_draft: true", "  dynamic_draft: true\n  fp8_stream: true")
+    prof = parse_profile(text, "x.yaml")
+    cfg = engine_args.build(prof, platform="cpu", host="127.0.0.1", port=8000, model_arg="/m",
+                            model_dir=None, report_dir=tmp_path, environ={})
+    args = cfg.server_args
+    assert args[args.index("--quantization") + 1] == "radiance_fp8"
+    assert cfg.env["RADIANCE_FP8_STREAM"] == "1" and cfg.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    assert "model.quantization" in _error(text.replace("radiance_fp8", "int3"))
