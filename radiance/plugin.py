@@ -1,9 +1,10 @@
 """The vLLM plugin entry point (group ``vllm.general_plugins``).
 
 vLLM calls ``register()`` in every process it starts (API server, engine core, workers),
-sometimes more than once per process. The order is: env gate → knob validation → version
-guard → lazy import of the patch modules → install each patch (apply or decline, one log
-line each). Nothing here may raise into vLLM: a plugin problem means stock vLLM.
+sometimes more than once per process. The order is: env gate → knob validation → the
+quantization configs (QUANT_MODULES) → version guard → lazy import of the patch modules →
+install each patch (apply or decline, one log line each). Nothing here may raise into
+vLLM: a plugin problem means stock vLLM.
 """
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ FEATURE_KNOBS = {
     "int4_head": "RADIANCE_INT4_HEAD",
     "fp8_stream": "RADIANCE_FP8_STREAM",
 }
+
+# Quantization configs vLLM must know by name before it validates engine arguments; each
+# module registers its config with vLLM's register_quantization_config when imported.
+# Registered whenever the plugin is enabled, not only with the feature on: a server that
+# quantises with radiance_fp8 and keeps the fp8-stream contract off is the contract's baseline.
+QUANT_MODULES: tuple[str, ...] = ("radiance.fp8_stream.linear",)
 
 _registry: Registry | None = None
 
@@ -85,6 +92,16 @@ def load_patches() -> tuple[list[Patch], list[Outcome]]:
     return patches, declined
 
 
+def register_quantization() -> None:
+    """Import every QUANT_MODULES entry; a failure declines that config only (one log line)."""
+    for module in QUANT_MODULES:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 -- the plugin must never take vLLM down
+            logger.warning("radiance: quantization config of %s not registered: %s: %s",
+                           module, type(exc).__name__, exc)
+
+
 def register() -> None:
     global _registry
     _setup_logging()
@@ -99,6 +116,7 @@ def register() -> None:
         return  # vLLM loads general plugins more than once per process
     try:
         envs.warn_unknown()
+        register_quantization()
         version = vllm_version()
         patches, declined = load_patches()
         for outcome in declined:

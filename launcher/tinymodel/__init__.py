@@ -44,15 +44,17 @@ def _make_readable(model_dir: Path) -> None:
         os.chmod(path, 0o644)
 
 
-def generate_into(target: Path, seed: int = 0, gsm8k_dir: Path | None = None) -> Path:
-    """Generate into a temp sibling, then swap it into place, so readers never see a partial model."""
+def generate_into(target: Path, seed: int = 0, gsm8k_dir: Path | None = None, **variant) -> Path:
+    """Generate into a temp sibling, then swap it into place, so readers never see a partial model.
+
+    ``variant``: ``write_model``'s keyword options (mlp_only_layers, embed_scale, norm_std)."""
     from launcher.tinymodel.generate import write_model
 
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        write_model(tmp, seed=seed, gsm8k_dir=gsm8k_dir)
+        write_model(tmp, seed=seed, gsm8k_dir=gsm8k_dir, **variant)
         _make_readable(tmp)
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))

@@ -1,4 +1,8 @@
-"""``python -m launcher.tinymodel --out DIR [--seed 0] [--force]``: write the tiny test model."""
+"""``python -m launcher.tinymodel --out DIR [--seed 0] [--force]``: write the tiny test model.
+
+Variant options for numerics tests (weights.py explains them): ``--mlp-only-layers 0,1,2``
+(dense MLPs there; one layer must stay MoE), ``--embed-scale 16`` (decisive greedy logits),
+``--norm-std 0.1`` (a distinct weight per RMSNorm)."""
 
 from __future__ import annotations
 
@@ -20,13 +24,29 @@ from launcher.tinymodel.corpus import GSM8K_ENV
               envvar=GSM8K_ENV,
               help=f"GSM8K data dir for the tokenizer corpus (env {GSM8K_ENV}; "
                    "default ../shared/data/gsm8k beside the repo, else a built-in corpus).")
-def main(out: Path, seed: int, force: bool, gsm8k_dir: Path | None) -> None:
+@click.option("--mlp-only-layers", default="", show_default=True,
+              help="Comma-separated decoder layers with a dense MLP instead of sparse MoE "
+                   "(at least one layer must stay MoE).")
+@click.option("--embed-scale", default=1.0, show_default=True, type=float,
+              help="Multiply the token embeddings: makes greedy top-1 choices decisive.")
+@click.option("--norm-std", default=0.0, show_default=True, type=float,
+              help="Std of random Gemma-style RMSNorm offsets (0: all zeros).")
+def main(out: Path, seed: int, force: bool, gsm8k_dir: Path | None, mlp_only_layers: str,
+         embed_scale: float, norm_std: float) -> None:
     """Write a tiny random-weight Qwen3-Next (with one MTP layer) that vLLM loads on CPU."""
+    from launcher.tinymodel import config
+
+    try:
+        dense = config.check_mlp_only_layers(int(i) for i in mlp_only_layers.split(",") if i.strip())
+    except ValueError as exc:
+        click.echo(f"error: --mlp-only-layers {mlp_only_layers!r}: {exc}", err=True)
+        sys.exit(2)
     if out.exists() and any(out.iterdir()) and not force:
         state = "a tiny model" if is_complete(out) else "files"
         click.echo(f"error: {out} already holds {state}; pass --force to replace it", err=True)
         sys.exit(2)
-    generate_into(out, seed=seed, gsm8k_dir=gsm8k_dir)
+    generate_into(out, seed=seed, gsm8k_dir=gsm8k_dir, mlp_only_layers=dense, embed_scale=embed_scale,
+                  norm_std=norm_std)
     click.echo(str(out))
 
 

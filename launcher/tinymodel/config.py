@@ -28,6 +28,7 @@ NUM_EXPERTS = 4
 EXPERTS_PER_TOK = 2
 MOE_INTERMEDIATE = 256
 SHARED_INTERMEDIATE = 256
+DENSE_INTERMEDIATE = 2 * MOE_INTERMEDIATE
 MAX_POSITIONS = 4096
 RMS_EPS = 1e-6
 ROPE_THETA = 10000.0
@@ -42,15 +43,31 @@ def layer_types() -> list[str]:
     ]
 
 
-def hf_config(*, bos_id: int | None, eos_id: int, pad_id: int) -> dict:
+def check_mlp_only_layers(mlp_only_layers) -> tuple[int, ...]:
+    """Decoder layers whose MLP is dense (``mlp_only_layers``); the rest stay sparse MoE.
+
+    At least one layer must stay MoE: vLLM's Qwen3NextForCausalLM refuses a model without one
+    (``set_moe_parameters``: "No Qwen3Next layer found"). The MTP block's layer ``j`` follows
+    decoder index ``j`` (vLLM derives its index from the ``mtp.layers.j`` prefix).
+    """
+    layers = tuple(sorted({int(i) for i in mlp_only_layers}))
+    if any(not 0 <= i < NUM_LAYERS for i in layers):
+        raise ValueError(f"mlp_only_layers {layers}: indices must lie in [0, {NUM_LAYERS})")
+    if len(layers) == NUM_LAYERS:
+        raise ValueError("mlp_only_layers may not cover every layer: vLLM's Qwen3NextForCausalLM "
+                         "needs at least one sparse-MoE layer")
+    return layers
+
+
+def hf_config(*, bos_id: int | None, eos_id: int, pad_id: int, mlp_only_layers=()) -> dict:
     """config.json contents; field names follow the published Qwen3-Next checkpoints."""
     return {
         "architectures": ["Qwen3NextForCausalLM"],
         "model_type": "qwen3_next",
         "vocab_size": VOCAB_SIZE,
         "hidden_size": HIDDEN,
-        # Unused (every layer is MoE) but vLLM and transformers read it.
-        "intermediate_size": 2 * MOE_INTERMEDIATE,
+        # The dense MLPs' width (mlp_only_layers); vLLM and transformers read it regardless.
+        "intermediate_size": DENSE_INTERMEDIATE,
         "num_hidden_layers": NUM_LAYERS,
         "layer_types": layer_types(),
         "full_attention_interval": FULL_ATTENTION_INTERVAL,
@@ -69,7 +86,7 @@ def hf_config(*, bos_id: int | None, eos_id: int, pad_id: int) -> dict:
         "moe_intermediate_size": MOE_INTERMEDIATE,
         "shared_expert_intermediate_size": SHARED_INTERMEDIATE,
         "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
+        "mlp_only_layers": list(check_mlp_only_layers(mlp_only_layers)),
         "norm_topk_prob": True,
         "router_aux_loss_coef": 0.001,
         "output_router_logits": False,
@@ -139,27 +156,37 @@ def _moe(prefix: str) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
-def _decoder_layer(prefix: str, layer_type: str) -> list[tuple[str, tuple[int, ...], str]]:
+def _dense(prefix: str) -> list[tuple[str, tuple[int, ...], str]]:
+    return [
+        (f"{prefix}.mlp.gate_proj.weight", (DENSE_INTERMEDIATE, HIDDEN), "linear"),
+        (f"{prefix}.mlp.up_proj.weight", (DENSE_INTERMEDIATE, HIDDEN), "linear"),
+        (f"{prefix}.mlp.down_proj.weight", (HIDDEN, DENSE_INTERMEDIATE), "linear"),
+    ]
+
+
+def _decoder_layer(prefix: str, layer_type: str, dense: bool = False) -> list[tuple[str, tuple[int, ...], str]]:
     mixer = _attention(prefix) if layer_type == "full_attention" else _linear_attention(prefix)
     return (
         [(f"{prefix}.input_layernorm.weight", (HIDDEN,), "zero_norm")]
         + mixer
         + [(f"{prefix}.post_attention_layernorm.weight", (HIDDEN,), "zero_norm")]
-        + _moe(prefix)
+        + (_dense(prefix) if dense else _moe(prefix))
     )
 
 
-def tensor_layout() -> list[tuple[str, tuple[int, ...], str]]:
+def tensor_layout(mlp_only_layers=()) -> list[tuple[str, tuple[int, ...], str]]:
     """Every checkpoint tensor as (name, shape, role), in a fixed order.
 
     Names are the published Qwen3-Next ones. The MTP block lives under ``mtp.``: vLLM's target model
     drops that prefix and its qwen3_next_mtp loader renames ``mtp.`` to ``model.``, so it needs
     ``mtp.fc``, ``mtp.pre_fc_norm_{embedding,hidden}``, ``mtp.layers.0.*`` (a full-attention MoE
-    layer) and ``mtp.norm``; it shares ``model.embed_tokens`` and ``lm_head`` with the target.
+    layer, dense when 0 is in ``mlp_only_layers``) and ``mtp.norm``; it shares
+    ``model.embed_tokens`` and ``lm_head`` with the target.
     """
+    dense = check_mlp_only_layers(mlp_only_layers)
     out = [("model.embed_tokens.weight", (VOCAB_SIZE, HIDDEN), "embed")]
     for i, kind in enumerate(layer_types()):
-        out += _decoder_layer(f"model.layers.{i}", kind)
+        out += _decoder_layer(f"model.layers.{i}", kind, i in dense)
     out += [
         ("model.norm.weight", (HIDDEN,), "zero_norm"),
         ("lm_head.weight", (VOCAB_SIZE, HIDDEN), "linear"),
@@ -168,6 +195,6 @@ def tensor_layout() -> list[tuple[str, tuple[int, ...], str]]:
         ("mtp.pre_fc_norm_hidden.weight", (HIDDEN,), "zero_norm"),
     ]
     for j in range(NUM_MTP_LAYERS):
-        out += _decoder_layer(f"mtp.layers.{j}", "full_attention")
+        out += _decoder_layer(f"mtp.layers.{j}", "full_attention", j in dense)
     out.append(("mtp.norm.weight", (HIDDEN,), "zero_norm"))
     return out

@@ -1,4 +1,18 @@
-"""Random weights for the tiny model, identical bytes for the same seed on every machine."""
+"""Random weights for the tiny model, identical bytes for the same seed on every machine.
+
+The default model is the plain random init. Two options shape a variant for numerics tests that
+compare two serving paths token for token (the fp8-stream e2e): random greedy decoding is
+chaotic -- the top two of 4096 random logits are often within a bf16 ulp of each other -- so a
+perturbation of one fp8 code somewhere can flip a token and everything after it.
+
+* ``embed_scale`` multiplies the token embeddings. The residual stream then carries mostly the
+  current token's embedding, and the layers (whose outputs have a fixed scale) decide a smaller
+  share of each logit: a given hidden-state perturbation moves the logits proportionally less
+  against the same top-1 margins, so greedy choices are decisive. Scaling lm_head or model.norm
+  would not: margins and the perturbation's effect on the logits scale together.
+* ``norm_std`` draws the Gemma-style norm offsets from N(0, norm_std) instead of zeros, so every
+  RMSNorm has its own weight and a path that applied the wrong norm's weight shows up.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +24,22 @@ from launcher.tinymodel import config
 INIT_STD = 0.02
 
 
-def random_state_dict(seed: int) -> dict:
-    """Every tensor of ``config.tensor_layout()``; only torch's CPU generator, no global RNG state."""
+def random_state_dict(seed: int, mlp_only_layers=(), embed_scale: float = 1.0,
+                      norm_std: float = 0.0) -> dict:
+    """Every tensor of ``config.tensor_layout(mlp_only_layers)``; only torch's CPU generator, no
+    global RNG state."""
     import torch
 
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)
     out = {}
-    for name, shape, role in config.tensor_layout():
+    for name, shape, role in config.tensor_layout(mlp_only_layers):
         if role in ("linear", "embed"):
             t = torch.empty(shape, dtype=torch.float32).normal_(0.0, INIT_STD, generator=gen)
+            if role == "embed" and embed_scale != 1.0:
+                t = t * embed_scale
+        elif role == "zero_norm" and norm_std:
+            t = torch.empty(shape, dtype=torch.float32).normal_(0.0, norm_std, generator=gen)
         elif role == "conv":
             # Fan-in of a depthwise causal conv is the kernel width.
             bound = 1.0 / math.sqrt(shape[-1])

@@ -9,24 +9,36 @@ take a pre-quantised input. The last layer keeps the stock contract (model.norm 
 drafter see what they see today).
 
 Pieces:
-  plan.py      the guards (all of the seed's) and per-site decisions, pure inspection
-  contract.py  the decoder-layer forward under the contract; install / uninstall
-  patch.py     ``PATCHES``: after vLLM loads a model, plan it, install or decline (one line)
+  plan.py        the guards (all of the seed's) and per-site decisions, pure inspection
+  contract.py    the decoder-layer forward under the contract; install / uninstall
+  patch.py       ``PATCHES``: after vLLM loads a model, plan it, install or decline (one line)
+  activation.py  ``Fp8Activation(q, scale, dtype)``: the carrier the epilogue hands on; stock
+                 module code (Column/Merged/QKV linears, the GDN forward) passes it through
+  linear.py      ``radiance_fp8``: an out-of-tree vLLM quantization config (registered by the
+                 plugin in every process, whatever RADIANCE_FP8_STREAM says) for bf16
+                 checkpoints -- weights fp8 per output channel at load (per TP shard),
+                 activations fp8 per token with add_rms_quant's own quantiser, GEMM
+                 ``fp8_gemm``. Its method takes a tensor (quantises it: with the contract off,
+                 this is the stock fp8 path) or an Fp8Activation, and declares
+                 ``radiance_fp8_input``. Router gates, lm_head, embeddings and routed experts
+                 stay unquantised.
 Kernels: radiance/kernels/add_rms_quant.py, silu_mul_quant.py, fp8_gemm.py.
 
-Not done yet -- until these exist every layer of a stock Qwen3-Next declines, with the
-consumer named in the log line:
-  1. A W8A8 linear method whose ``apply`` takes ``(q, scale)`` (``fp8_gemm.scaled_mm``) and
-     declares ``radiance_fp8_input = Fp8Input(group, dtype)``: wraps vLLM's Fp8LinearMethod
-     for fp8 checkpoints (128x128 block scales -> group 128 activations) and, for bf16
-     checkpoints, quantises weights per output channel at load (per-token activations).
-     Installed on qkv_proj, dense gate_up_proj / down_proj, and the GDN projections.
-  2. A tuple-aware GDN forward (``QwenGatedDeltaNetAttention`` reads ``hidden_states.size(0)``
-     and ``.dtype`` and feeds two projections), declaring ``radiance_fp8_input`` on the module.
-  3. The sparse-MoE block: every Qwen3-Next MLP is one; its router, experts and shared
-     expert read the activation, and its all-reduce happens inside FusedMoE, so neither the
-     post-attention epilogue (consumer) nor the deferred down (row) applies to it yet.
-  4. ``silu_mul_quant`` as the dense MLP's activation when down_proj takes (q, scale).
-  5. The end-to-end check on vLLM CPU at TP=2 (tiny model with online fp8): epilogue count in
-     the install log, greedy outputs against the stock fp8 path, the declines.
+Serving it: ``--quantization radiance_fp8`` (bf16 checkpoint) and RADIANCE_FP8_STREAM=1, TP > 1.
+Consumers that qualify: full-attention qkv_proj, the GDN's in_proj_qkvz + in_proj_ba (both
+under radiance_fp8, same format), dense-MLP gate_up_proj. Checked end to end on vLLM CPU at
+TP=2 (tests/e2e/test_fp8_stream_tp2.py): greedy tokens identical to the stock fp8 path.
+
+Not done:
+  * The sparse-MoE block: every published Qwen3-Next MLP is one; its router, experts and
+    shared expert read the activation, and its all-reduce happens inside FusedMoE, so neither
+    the post-attention epilogue (consumer) nor the deferred down (row) applies to it. Such
+    sites decline in the plan, with the block named in the log line; on an all-MoE model the
+    whole feature declines.
+  * fp8 checkpoints (vLLM's Fp8LinearMethod with 128x128 block scales -> group-128
+    activations): not wrapped yet; radiance_fp8 reads no checkpoint scales.
+  * ``silu_mul_quant`` as the dense MLP's activation: not wired. It reproduces vLLM's
+    native SiluAndMul, but on CPU vLLM runs its C++ silu_and_mul, whose bf16 outputs differ
+    from the native ones almost everywhere (measured: fp8 codes of 99% of [*, 256] rows
+    differ), so the contract would stop matching the stock fp8 path token for token.
 """

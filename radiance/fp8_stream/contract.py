@@ -12,8 +12,10 @@ the process -- the MTP drafter included -- are untouched):
 The layer forward keeps vLLM's contract -- ``(hidden_states, residual)`` in and out -- but
 ``hidden_states`` may now be a partial sum whose all-reduce the next epilogue performs:
 ``tensor_model_parallel_all_reduce`` then ``add_rms_quant`` with the norm's own weight and
-epsilon, producing ``(q, scale)`` for the consumers and the new residual. The branches the
-plan's guards exclude (layer_scale, sequence-parallel MoE) are not reproduced here.
+epsilon, producing ``(q, scale)`` -- wrapped as an ``Fp8Activation`` (activation.py), so the
+stock module code between the layer and its linears runs unchanged -- and the new residual.
+The branches the plan's guards exclude (layer_scale, sequence-parallel MoE) are not
+reproduced here.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .activation import Fp8Activation
 from .plan import StreamPlan, attention_row, mlp_row
 
 STATE_ATTR = "_radiance_fp8_stream"
@@ -54,9 +57,10 @@ def _all_reduce(x: torch.Tensor) -> torch.Tensor:
 def _epilogue(partial: torch.Tensor, residual: torch.Tensor, norm, group: int, fp8_dtype):
     from radiance.kernels.add_rms_quant import add_rms_quant
 
-    q, scale, residual = add_rms_quant(_all_reduce(partial), residual, norm.weight,
-                                       norm.variance_epsilon, group, fp8_dtype)
-    return (q, scale), residual
+    y = _all_reduce(partial)
+    q, scale, residual = add_rms_quant(y, residual, norm.weight, norm.variance_epsilon, group,
+                                       fp8_dtype)
+    return Fp8Activation(q, scale, y.dtype), residual
 
 
 def stream_forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | None,

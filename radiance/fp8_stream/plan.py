@@ -28,10 +28,14 @@ Sites, for decoder layer i:
     (``stream_in`` of layer i+1). Never on the last layer: model.norm and the drafter read
     its output exactly as stock produces it.
 
-In stock vLLM 0.32.0 no consumer declares ``radiance_fp8_input``: the fp8 W8A8 linear method
-that accepts ``(q, scale)`` is a separate piece (see the package docstring), and
-Qwen3-Next's GDN attention forward and sparse-MoE block are not tuple-aware, so every layer
-of a stock Qwen3-Next declines with a reason naming the consumer.
+Consumers: a linear declares ``radiance_fp8_input`` through its quant method -- the
+``radiance_fp8`` method (linear.py) does, vLLM's own methods do not. Full attention: qkv_proj.
+GDN attention: its stock forward only asks the input for ``.size(0)``/``.dtype``/``.device``
+(an ``Fp8Activation`` answers those) and feeds in_proj_qkvz and in_proj_ba, so those two are
+the consumers (a GDN module declaring ``radiance_fp8_input`` itself would be taken whole; the
+LoRA layout with separate projections declines). Dense MLP: gate_up_proj. The sparse-MoE
+block declares nothing (router, experts and shared expert all read the activation), so its
+post-attention site declines, naming the block; an all-MoE model declines as a whole.
 """
 from __future__ import annotations
 
@@ -116,9 +120,17 @@ def attention_consumers(layer) -> list[tuple[str, torch.nn.Module]]:
     """Modules that receive input_layernorm's output."""
     if layer.layer_type == "full_attention":
         return [("self_attn.qkv_proj", layer.self_attn.qkv_proj)]
-    # The GDN forward reads hidden_states.size(0)/.dtype and feeds two projections; only a
-    # tuple-aware forward (declared on the module itself) can take (q, scale).
-    return [("linear_attn", layer.linear_attn)]
+    gdn = layer.linear_attn
+    if fp8_input_of(gdn) is not None:  # a forward of its own that takes (q, scale)
+        return [("linear_attn", gdn)]
+    # The stock GDN forward asks its input only for .size(0)/.dtype/.device (an Fp8Activation
+    # answers those) and feeds it to its two input projections: those are the consumers.
+    # The LoRA layout (separate in_proj_qkv / in_proj_z) has other readers: the module then
+    # stays the consumer and declines.
+    qkvz, ba = getattr(gdn, "in_proj_qkvz", None), getattr(gdn, "in_proj_ba", None)
+    if qkvz is None or ba is None or hasattr(gdn, "in_proj_qkv"):
+        return [("linear_attn", gdn)]
+    return [("linear_attn.in_proj_qkvz", qkvz), ("linear_attn.in_proj_ba", ba)]
 
 
 def mlp_consumers(layer) -> list[tuple[str, torch.nn.Module]]:

@@ -3,16 +3,15 @@ Qwen3-Next modules built on CPU (the tiny test model's config, one gloo rank).""
 from __future__ import annotations
 
 import logging
-import socket
 
 import pytest
 import torch
 
 pytest.importorskip("vllm")
 
-from radiance.fp8_stream import contract  # noqa: E402
-from radiance.fp8_stream.patch import Fp8StreamPatch, install_on  # noqa: E402
-from radiance.fp8_stream.plan import (  # noqa: E402
+from radiance.fp8_stream import contract
+from radiance.fp8_stream.patch import Fp8StreamPatch, install_on
+from radiance.fp8_stream.plan import (
     FP8_INPUT_ATTR,
     Fp8Input,
     _consumer_format,
@@ -22,51 +21,46 @@ from radiance.fp8_stream.plan import (  # noqa: E402
     mlp_row,
     plan_stream,
 )
-from radiance.kernels.add_rms_quant import add_rms_quant_reference  # noqa: E402
+from radiance.kernels.add_rms_quant import add_rms_quant_reference
 
 PER_TOKEN = Fp8Input(0, torch.float8_e4m3fn)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def build(shared_cache):
-    """build(dense=False) -> a fresh Qwen3NextForCausalLM (uninitialised weights) at TP=1;
+def build(shared_cache, tp1_group):
+    """build(dense=False, quantized=False) -> a fresh model (uninitialised weights) at TP=1.
+
     dense=True: only the decoder core (the CausalLM wrapper insists on an MoE layer), every
-    MLP dense, so that every site has a linear consumer."""
+    MLP dense, so that every site has a linear consumer. quantized=True: the CausalLM with
+    layers 0-2 dense and layer 3 MoE (the e2e model's shape), under ``radiance_fp8``."""
     from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import (
-        destroy_distributed_environment,
-        destroy_model_parallel,
-        init_distributed_environment,
-        initialize_model_parallel,
+    from vllm.model_executor.models.qwen3_next import (
+        Qwen3NextForCausalLM,
+        Qwen3NextModel,
     )
-    from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM, Qwen3NextModel
     from vllm.utils.torch_utils import set_default_torch_dtype
 
+    import radiance.fp8_stream.linear  # noqa: F401  (registers radiance_fp8)
     from launcher import tinymodel
 
     path = str(tinymodel.ensure(shared_cache))
     configs = {}
 
-    def config(dense: bool) -> VllmConfig:
-        if dense not in configs:
-            overrides = {"mlp_only_layers": [0, 1, 2, 3]} if dense else {}
-            mc = ModelConfig(model=path, dtype="bfloat16", enforce_eager=True, hf_overrides=overrides)
-            configs[dense] = VllmConfig(model_config=mc)
-        return configs[dense]
+    def config(dense: bool, quantized: bool) -> VllmConfig:
+        key = (dense, quantized)
+        if key not in configs:
+            overrides, quant = {}, None
+            if dense:
+                overrides = {"mlp_only_layers": [0, 1, 2, 3]}
+            elif quantized:
+                overrides, quant = {"mlp_only_layers": [0, 1, 2]}, "radiance_fp8"
+            mc = ModelConfig(model=path, dtype="bfloat16", enforce_eager=True, hf_overrides=overrides,
+                             quantization=quant)
+            configs[key] = VllmConfig(model_config=mc)
+        return configs[key]
 
-    with set_current_vllm_config(config(False)):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
-        initialize_model_parallel(1, 1)
-
-    def make(dense: bool = False):
-        vc = config(dense)
+    def make(dense: bool = False, quantized: bool = False):
+        vc = config(dense, quantized)
         # Layers register themselves by name; a rebuilt model would collide with the last.
         vc.compilation_config.static_forward_context.clear()
         with set_current_vllm_config(vc), set_default_torch_dtype(torch.bfloat16):
@@ -75,8 +69,6 @@ def build(shared_cache):
             return Qwen3NextForCausalLM(vllm_config=vc, prefix="")
 
     yield make
-    destroy_model_parallel()
-    destroy_distributed_environment()
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +122,68 @@ def test_declines_with_sequence_parallel_moe(stock_model, monkeypatch):
 
 
 def test_stock_qwen3next_declines_naming_the_consumer(stock_model):
-    """Stock vLLM: sparse-MoE MLPs and GDN attention take no (q, scale)."""
+    """Unquantised: sparse-MoE MLPs and the GDN's bf16 input projections take no (q, scale)."""
     plan = plan_stream(find_core(stock_model), 2, 1)
     assert plan.declined.startswith("no site qualifies (layer 0: post-attention: mlp "
                                      "(Qwen3NextSparseMoeBlock) takes no pre-quantised input")
     reasons = " ".join(r for lp in plan.layers for r in lp.reasons)
-    assert "linear_attn (QwenGatedDeltaNetAttention)" in reasons
+    assert "linear_attn.in_proj_qkvz (MergedColumnParallelLinear)" in reasons
     assert "self_attn.qkv_proj (QKVParallelLinear)" in reasons
+
+
+# --- under radiance_fp8 ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def quantized_model(build):
+    return build(quantized=True)
+
+
+def test_radiance_fp8_methods_on_every_decoder_linear(quantized_model):
+    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+
+    from radiance.fp8_stream.linear import Fp8StreamLinearMethod
+
+    kinds = {}
+    for name, module in quantized_model.named_modules():
+        if isinstance(module, LinearBase):
+            kinds[name] = type(module.quant_method)
+    # conv1d is built without a quant_config by vLLM itself
+    gates = {n for n in kinds if n.endswith((".mlp.gate", ".shared_expert_gate", ".conv1d"))}
+    assert gates and all(kinds[n] is UnquantizedLinearMethod for n in gates)
+    assert {n: k for n, k in kinds.items() if n not in gates and k is not Fp8StreamLinearMethod} == {}
+    assert "model.layers.0.linear_attn.in_proj_ba" in kinds and "model.layers.3.self_attn.qkv_proj" in kinds
+    methods = [type(m.quant_method).__name__ for m in quantized_model.model.layers[3].mlp.experts.modules()
+               if hasattr(m, "quant_method")]
+    moe = [name for name in methods if "MoE" in name]
+    assert moe == ["UnquantizedFusedMoEMethod"]  # the routed experts stay stock
+
+
+def test_plan_qualifies_dense_and_gdn_sites_and_declines_moe(quantized_model):
+    """Layers 0-2 dense (GDN attention), layer 3 MoE (full attention): the e2e model's shape."""
+    core = find_core(quantized_model)
+    assert attention_consumers(core.layers[0])[0][0] == "linear_attn.in_proj_qkvz"
+    plan = plan_stream(core, 2, 1)
+    assert plan.declined is None
+    assert [lp.stream_mid for lp in plan.layers] == [True, True, True, False]
+    assert [lp.stream_in for lp in plan.layers] == [False, True, True, True]
+    assert [lp.defer_down for lp in plan.layers] == [True, True, True, False]
+    moe = "post-attention: mlp (Qwen3NextSparseMoeBlock) takes no pre-quantised input"
+    assert plan.layers[3].reasons == [moe]
+    assert plan.summary().startswith("3 input + 3 post-attention epilogues over 4 layers")
+    assert {lp.in_format for lp in plan.layers if lp.stream_in} == {PER_TOKEN}
+
+
+def test_gdn_projections_must_agree(quantized_model, monkeypatch):
+    gdn = find_core(quantized_model).layers[1].linear_attn
+    monkeypatch.setattr(gdn.in_proj_ba.quant_method, FP8_INPUT_ATTR, Fp8Input(128))
+    plan = plan_stream(find_core(quantized_model), 2, 1)
+    assert not plan.layers[1].stream_in and "disagree" in plan.layers[0].reasons[0]
+
+
+def test_gdn_with_separate_lora_projections_stays_the_consumer(quantized_model, monkeypatch):
+    gdn = find_core(quantized_model).layers[1].linear_attn
+    monkeypatch.setattr(gdn, "in_proj_qkv", torch.nn.Identity(), raising=False)
+    assert attention_consumers(find_core(quantized_model).layers[1]) == [("linear_attn", gdn)]
 
 
 # --- per-site decisions ------------------------------------------------------------------
@@ -258,10 +305,11 @@ def test_stream_forward_dataflow(dense_core, monkeypatch):
     eps = layer.input_layernorm.variance_epsilon
     q1, s1, r1 = add_rms_quant_reference(prev_partial * 2, residual, layer.input_layernorm.weight, eps)
     q2, s2, r2 = add_rms_quant_reference(partial_attn * 2, r1, layer.post_attention_layernorm.weight, eps)
-    got_q1, got_s1 = layer.self_attn.seen
+    got_q1, got_s1, dt1 = layer.self_attn.seen  # an Fp8Activation
     assert torch.equal(got_q1.view(torch.uint8), q1.view(torch.uint8)) and torch.equal(got_s1, s1)
-    got_q2, got_s2 = layer.mlp.seen
+    got_q2, got_s2, dt2 = layer.mlp.seen
     assert torch.equal(got_q2.view(torch.uint8), q2.view(torch.uint8)) and torch.equal(got_s2, s2)
+    assert dt1 == dt2 == torch.bfloat16 and layer.mlp.seen.size(0) == 5
     assert out is partial_mlp  # stays partial: the next layer (or model.norm) finishes it
     assert torch.equal(new_residual, r2)
 
