@@ -1,17 +1,23 @@
 """Benchmark the fused add + RMSNorm + fp8 quant epilogue against what it replaces.
 
     python benchmarks/bench_add_rms_quant.py [--json OUT.json] [--ms 8,16,32,64] [--ks 2048,5120]
+        [--modes graph,eager,host] [--groups 0,128] [--sweep]
 
-Providers (per-token e4m3fn, bf16 activations, M decode-sized):
+Providers (bf16 activations, e4m3fn, M decode-sized; per token, and per group of 128 where
+``--groups`` has 128):
   floor          one empty Triton kernel: the single-launch floor, measured in the same run
   eager          stock chain in eager PyTorch: vLLM 0.32.0 GemmaRMSNorm.forward_native's
-                 arithmetic (fused_add_rms_norm native) + QuantFP8.forward_native per token
+                 arithmetic (fused_add_rms_norm native) + QuantFP8.forward_native
   compile_stock  torch.compile(M dynamic) of that stock chain (what vLLM's inductor does)
-  compile_ref    torch.compile(M dynamic) of add_rms_quant_reference (the exact reference)
-  ours           add_rms_quant_triton (one launch)
-  ours_op        torch.ops.radiance.add_rms_quant (custom-op dispatch on top)
-Each in two timing modes (see _fp8_epilogue_common.time_us): ``graph`` (CUDA-graph replay,
-the decode setting) and ``eager``. ``kernels``: GPU kernels per call, from the profiler.
+  ours           add_rms_quant_triton (one launch, cached per-shape plan)
+  ours_op        torch.ops.radiance.add_rms_quant (Library-registered op, what callers use)
+  ours_custom_op the same kernel behind a torch.library.custom_op (the previous registration)
+Timing modes: ``graph`` = CUDA-graph replay (do_bench_cudagraph; the decode setting, device
+time only), ``eager`` = triton.testing.do_bench (events around each call after an L2 flush: the
+flush hides host time shorter than itself), ``host`` = events around 200 back-to-back calls,
+per call (what a caller sees when the host is the bottleneck: launch path included).
+``kernels``: GPU kernels per call (profiler). ``--sweep``: graph-mode time of ours at M=8 for
+several num_warps per K (bit-exactness checked for each).
 """
 from __future__ import annotations
 
@@ -19,31 +25,104 @@ import argparse
 
 import torch
 from _fp8_epilogue_common import (
+    FMAX,
     FP8,
     compile_m_dynamic,
+    count_kernels,
     empty_launch,
     mark_m_dynamic,
-    measure_shape,
     print_table,
     stock_per_token_quant,
-    table_columns,
+    time_us,
     write_json,
 )
 
 from radiance.kernels import add_rms_quant as arq
 
 EPS = 1e-6
-BASELINES = ("compile_stock", "compile_ref")
+SWEEP_WARPS = {2048: (2, 8, 16), 5120: (4, 16, 32)}  # num_warps tried by --sweep (defaults 4 and 8 are in the main table)
 
 
-def stock_chain(y, r, w, eps=EPS):
+def stock_group_quant(x: torch.Tensor, group: int = 128):
+    """QuantFP8.forward_native per group (the block-fp8 checkpoints' activation quant)."""
+    m, k = x.shape
+    xg = x.view(m, k // group, group).to(torch.float32)
+    scale = (xg.abs().amax(dim=-1, keepdim=True) / FMAX).clamp(min=1.0 / (FMAX * 512.0))
+    q = (xg * scale.reciprocal()).clamp(-FMAX, FMAX).to(FP8)
+    return q.view(m, k), scale.view(m, k // group)
+
+
+def stock_chain(y, r, w, eps=EPS, group=0):
     x = y.to(torch.float32) + r.to(torch.float32)
     new_r = x.to(y.dtype)
     var = x.pow(2).mean(dim=-1, keepdim=True)
     x = x * torch.rsqrt(var + eps)
     normed = (x * (w.float() + 1.0)).to(y.dtype)
-    q, scale = stock_per_token_quant(normed)
+    q, scale = stock_group_quant(normed, group) if group else stock_per_token_quant(normed)
     return q, scale, new_r
+
+
+@torch.library.custom_op("radiance_bench::add_rms_quant_custom_op", mutates_args=())
+def _custom_op(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+               group_size: int, fp8_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return arq.add_rms_quant_triton(y, residual, weight, eps, group_size, fp8_dtype)
+
+
+def host_us(fn, n: int = 200, reps: int = 7) -> float:
+    """Median over reps of (events around n back-to-back calls) / n."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(1000.0 * start.elapsed_time(end) / n)
+    return sorted(times)[len(times) // 2]
+
+
+def timed(fn, mode: str) -> float:
+    return host_us(fn) if mode == "host" else time_us(fn, mode)
+
+
+def same(a, b) -> bool:
+    return (torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8)) and torch.equal(a[1], b[1])
+            and torch.equal(a[2], b[2]))
+
+
+def sweep(ks, modes) -> list[dict]:
+    """ours at M=8 with other num_warps (fresh plans), checked against the reference."""
+    rows = []
+    for k in ks:
+        block = sum(arq.split_row(k))
+        for warps in SWEEP_WARPS.get(k, ()):
+            arq.WARPS_OVERRIDE[block] = warps
+            arq._PLANS.clear()
+            y, r, w = inputs(8, k, seed=7)
+            for group in (0, 128):
+                got = arq.add_rms_quant_triton(y, r, w, EPS, group, FP8)
+                want = arq.add_rms_quant_reference(y.cpu(), r.cpu(), w.cpu(), EPS, group, FP8)
+                ok = same(tuple(t.cpu() for t in got), want)
+                row = {"M": 8, "K": k, "group": group, "num_warps": warps, "bit_exact": ok}
+                for mode in modes:
+                    row[f"{mode}_us"] = timed(
+                        lambda y=y, r=r, w=w, g=group: arq.add_rms_quant_triton(y, r, w, EPS, g, FP8), mode)
+                rows.append(row)
+                print(row, flush=True)
+        arq.WARPS_OVERRIDE.pop(block, None)
+        arq._PLANS.clear()
+    return rows
+
+
+def inputs(m, k, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    y = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    r = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g) * 4
+    w = torch.randn(k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.1
+    return y, r, w
 
 
 def main(argv=None) -> int:
@@ -51,36 +130,69 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--ms", default="8,16,32,64")
     p.add_argument("--ks", default="2048,5120")
-    p.add_argument("--modes", default="graph,eager")
+    p.add_argument("--modes", default="graph,eager,host")
+    p.add_argument("--groups", default="0,128")
+    p.add_argument("--sweep", action="store_true")
     args = p.parse_args(argv)
     ms = [int(x) for x in args.ms.split(",")]
     ks = [int(x) for x in args.ks.split(",")]
+    groups = [int(x) for x in args.groups.split(",")]
     modes = args.modes.split(",")
 
-    compiled_stock = compile_m_dynamic(stock_chain)
-    compiled_ref = compile_m_dynamic(
-        lambda y, r, w: arq.add_rms_quant_reference(y, r, w, EPS, 0, FP8))
+    sweep_rows = sweep(ks, ["graph"]) if args.sweep else []
+
     floor = empty_launch()
     rows = []
-    for k in ks:
-        for m in ms:
-            y = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            r = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 4
-            w = torch.randn(k, device="cuda", dtype=torch.bfloat16) * 0.1
-            mark_m_dynamic(y, r)
-            providers = {
-                "floor": floor,
-                "eager": lambda: stock_chain(y, r, w),
-                "compile_stock": lambda: compiled_stock(y, r, w),
-                "compile_ref": lambda: compiled_ref(y, r, w),
-                "ours": lambda: arq.add_rms_quant_triton(y, r, w, EPS, 0, FP8),
-                "ours_op": lambda: torch.ops.radiance.add_rms_quant(y, r, w, EPS, 0, FP8),
-            }
-            rows += measure_shape({"M": m, "K": k}, providers, modes, BASELINES)
-    print_table(rows, table_columns(["M", "K"], modes, BASELINES))
+    for group in groups:
+        compiled_stock = compile_m_dynamic(lambda y, r, w, g=group: stock_chain(y, r, w, EPS, g))
+        for k in ks:
+            for m in ms:
+                y, r, w = inputs(m, k)
+                mark_m_dynamic(y, r)
+                a = (y, r, w, EPS, group, FP8)
+                providers = {
+                    "floor": floor,
+                    "eager": lambda a=a: stock_chain(*a[:5]),
+                    "compile_stock": lambda a=a, c=compiled_stock: c(*a[:3]),
+                    "ours": lambda a=a: arq.add_rms_quant_triton(*a),
+                    "ours_op": lambda a=a: torch.ops.radiance.add_rms_quant(*a),
+                    "ours_custom_op": lambda a=a: torch.ops.radiance_bench.add_rms_quant_custom_op(*a),
+                }
+                for name, fn in providers.items():
+                    arq._PLANS.clear()
+                    row = {"M": m, "K": k, "group": group, "provider": name}
+                    for mode in modes:
+                        row[f"{mode}_us"] = timed(fn, mode)
+                    try:
+                        row["kernels"] = count_kernels(fn)
+                    except RuntimeError as exc:  # profiler unavailable
+                        row["kernels"], row["kernels_error"] = None, type(exc).__name__
+                    rows.append(row)
+                arq._PLANS.clear()
+                by = {r_["provider"]: r_ for r_ in rows[-len(providers):]}
+                for mode in modes:
+                    ours = by["ours"][f"{mode}_us"]
+                    by["ours"][f"{mode}_vs_compile_stock"] = by["compile_stock"][f"{mode}_us"] / ours
+                    by["ours"][f"{mode}_vs_floor"] = ours / by["floor"][f"{mode}_us"]
+                    by["ours_op"][f"{mode}_vs_compile_stock"] = by["compile_stock"][f"{mode}_us"] / by["ours_op"][f"{mode}_us"]
+                    by["ours_op"][f"{mode}_vs_floor"] = by["ours_op"][f"{mode}_us"] / by["floor"][f"{mode}_us"]
+                print_table(rows[-len(providers):], ["M", "K", "group", "provider", "kernels"]
+                            + [f"{m_}_us" for m_ in modes]
+                            + [f"{m_}_vs_{s}" for m_ in modes for s in ("compile_stock", "floor")])
+    # Launches per decoder layer: Qwen3-Next has two norm sites per layer (input_layernorm,
+    # post_attention_layernorm), each followed by the quant of the linear it feeds.
+    per_site = {r_["provider"]: r_["kernels"] for r_ in rows if r_["M"] == ms[0] and r_["K"] == ks[0]
+                and r_["group"] == groups[0]}
+    layer = {name: (2 * n if n is not None else None) for name, n in per_site.items()
+             if name in ("eager", "compile_stock", "ours")}
+    print("# norm+quant launches per decoder layer (2 sites):", layer)
+    print("\n# all rows")
+    print_table(rows, ["M", "K", "group", "provider", "kernels"] + [f"{m_}_us" for m_ in modes]
+                + [f"{m_}_vs_{s}" for m_ in modes for s in ("compile_stock", "floor")])
     write_json(args.json, "add_rms_quant", rows,
-               {"note": "per-token e4m3fn, bf16; *_vs_compile_*: speed-up of ours; vs_floor: "
-                        "ours / empty launch"})
+               {"note": "bf16, e4m3fn; *_vs_compile_stock: speed-up over torch.compile of the stock "
+                        "chain; *_vs_floor: time / empty launch", "sweep": sweep_rows,
+                "launches_per_decoder_layer": layer})
     return 0
 
 

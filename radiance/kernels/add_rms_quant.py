@@ -40,9 +40,16 @@ which is exact for these ops: torch.rsqrt, Triton's rsqrt, MKL's vectorised sqrt
 and CUDA's division of a tensor by a CPU scalar are all off by an ulp now and then);
 ``* rstd``, ``* (w.f32 + 1)``, rounded to y.dtype (the normed activation the stock linear
 would see); amax, scale, reciprocal, multiply, clamp, round-to-nearest-even to fp8. The
-kernel is compiled with fp fusion off (no mul+add contracted into an fma behind our back)
-and encodes fp8 with integer arithmetic, so the codes do not depend on a conversion
-instruction the arch may or may not have (float8e4b8 has none on NVIDIA).
+kernel is compiled with fp fusion off (no mul+add contracted into an fma behind our back).
+Where the conversions were checked bit for bit on the GPU (NVIDIA) it rounds to bf16 with
+the compiler's RTNE conversion and, for e4m3fn on sm_89+, encodes fp8 with the hardware
+cvt.rn.satfinite; elsewhere (ROCm, not run yet; the interpreter, which truncates) it rounds
+on the bits and encodes fp8 with integer arithmetic (float8e4b8 has no NVIDIA instruction).
+
+Per token the kernel needs two block reductions, not three: the max square (for the sum's
+scale) is reduced together with max |s| * |1 + w|, from which the amax of the normed row
+follows exactly in all but about one row in 2^11 (see _token_amax; those rows, and all-zero,
+inf or NaN rows, take the exact reduction). The result is the reference's, bit for bit.
 
 Against stock the only intended differences are the last bit of ``rsqrt`` and of the
 variance sum: outputs agree with the stock chain to within one bf16 ulp of the normed
@@ -50,10 +57,12 @@ activation (tests/radiance/kernels/test_add_rms_quant.py checks it).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import aot
-from .dispatch import fp8_dtype_for_device, use_triton
+from .dispatch import fp8_dtype_for_device
 
 try:  # Triton is optional: the reference runs everywhere.
     import triton
@@ -177,6 +186,8 @@ def add_rms_norm_reference(y: torch.Tensor, residual: torch.Tensor, weight: torc
 
 if triton is not None:
 
+    _HUGE = tl.constexpr(1.7014118346046923e+38)  # 2^127: "no prediction" marker of _probe
+
     @triton.jit
     def _fp8_encode(v, FNUZ: tl.constexpr):
         """fp32 (already clamped to the format's range) -> e4m3 bit pattern, round to
@@ -199,14 +210,39 @@ if triton is not None:
         return (code | (sign << 7)).to(tl.uint8)
 
     @triton.jit
-    def _round_to(x, dtype: tl.constexpr):
-        """fp32 -> ``dtype`` round to nearest even. bf16 is rounded on the bits first: the
-        conversion is then exact everywhere, the interpreter's (which truncates) included."""
-        if dtype == tl.bfloat16:
+    def _fp8_store(ptrs, v, mask, FNUZ: tl.constexpr, HW_FP8: tl.constexpr = False):
+        """Stores clamped fp32 ``v`` as e4m3 codes through a uint8 or fp8 pointer. HW_FP8 (only
+        set for e4m3fn on sm_89+): the cvt.rn.satfinite instruction, two values per instruction,
+        the same round-to-nearest-even as the integer encoder on the clamped range."""
+        if HW_FP8:
+            code = v.to(tl.float8e4nv)
+        else:
+            code = _fp8_encode(v, FNUZ)
+        tl.store(ptrs, code.to(ptrs.dtype.element_ty, bitcast=True), mask=mask)
+
+    @triton.jit
+    def _round_to(x, dtype: tl.constexpr, NATIVE: tl.constexpr = False):
+        """fp32 -> ``dtype`` round to nearest even. NATIVE: the compiler's conversion (RTNE on
+        every GPU backend); otherwise bf16 is rounded on the bits first, so the conversion is
+        exact everywhere, the interpreter's (which truncates) included."""
+        if not NATIVE and dtype == tl.bfloat16:
             bits = x.to(tl.uint32, bitcast=True)
             bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
             x = bits.to(tl.float32, bitcast=True)
         return x.to(dtype)
+
+    @triton.jit
+    def _cols(OFF: tl.constexpr, BLOCK: tl.constexpr, TWO_D: tl.constexpr = True):
+        """Column indices of a row part. This kernel holds a part as [BLOCK / 8, 8] (TWO_D):
+        every load and store of the row then takes the same 8-per-thread layout (16-byte bf16
+        accesses, 8-byte code stores). As a flat [BLOCK] the loads and the byte-wide code
+        store pick 16 per thread and the bf16 residual store 8, and the mismatch costs a
+        shared-memory round trip and a CTA barrier. Callers with flat rows (silu_mul_quant,
+        the all-reduce epilogue) get flat indices."""
+        if TWO_D:
+            return OFF + tl.arange(0, BLOCK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+        else:
+            return OFF + tl.arange(0, BLOCK)
 
     @triton.jit
     def _pow2(e):
@@ -220,14 +256,54 @@ if triton is not None:
 
     @triton.jit
     def _fixed(sq, f):
-        return tl.sum((sq * _pow2(f)).to(tl.int64), axis=0)
+        return tl.sum((sq * _pow2(f)).to(tl.int64))
+
+    @triton.jit
+    def _max2(a0, a1, b0, b1):
+        return tl.maximum(a0, b0), tl.maximum(a1, b1)
+
+    @triton.jit
+    def _max2_all(a, b):
+        """(max a, max b) over a whole row part in one reduction (shared barriers)."""
+        if len(a.shape) == 2:
+            a, b = tl.reduce((a, b), 1, _max2)
+        return tl.reduce((a, b), 0, _max2)
+
+    @triton.jit
+    def _probe(s, w1):
+        """|s| * |1 + w|, the pre-rstd magnitude whose row max predicts the normed row's amax
+        (see _token_amax); 2^127 where |1 + w| is so large that a subnormal s * rstd could carry
+        an error the prediction does not bound, which forces the exact reduction."""
+        c = tl.abs(w1)
+        return tl.where(c < 1048576.0, tl.abs(s) * c, _HUGE)
+
+    @triton.jit
+    def _token_amax(xa, xb, rstd, tmax, act: tl.constexpr, BLOCK_B: tl.constexpr,
+                    NATIVE: tl.constexpr):
+        """max |normed| of a row without a third block reduction in the common case.
+
+        normed_i = act(p_i), p_i = fl(fl(|s_i| * rstd) * |w1_i|), and amax = act(max p_i)
+        (rounding is monotone). With t_i = fl(|s_i| * |w1_i|), T = max t_i and E = fl(rstd * T),
+        every rounding is relative (|delta| <= u = 2^-24, no subnormals: E in [2^-100, 2^100],
+        |w1| < 2^20, T < 2^127) so max p_i lies in [E (1 - 5u), E (1 + 5u)]. When act() maps the wider
+        interval [E (1 - 2^-20), E (1 + 2^-20)] to one value, that value is amax, bit for bit;
+        otherwise (about one row in 2^11, and zero/inf/NaN rows) the exact reduction runs."""
+        e = rstd * tmax
+        lo = _round_to(e * (1.0 - 9.5367431640625e-07), act, NATIVE).to(tl.float32)
+        hi = _round_to(e * (1.0 + 9.5367431640625e-07), act, NATIVE).to(tl.float32)
+        amax = lo
+        if (lo != hi) | (e < 7.888609052210118e-31) | (e > 1.2676506002282294e+30) | (tmax >= _HUGE):
+            amax = tl.max(tl.abs(xa))
+            if BLOCK_B > 0:
+                amax = tl.maximum(amax, tl.max(tl.abs(xb)))
+        return amax
 
     @triton.jit
     def _encode_store(xf, inv, row, q_ptr, K, OFF: tl.constexpr, FMAX: tl.constexpr,
-                      FNUZ: tl.constexpr, BLOCK: tl.constexpr):
-        cols = OFF + tl.arange(0, BLOCK)
+                      FNUZ: tl.constexpr, BLOCK: tl.constexpr, HW_FP8: tl.constexpr = False):
+        cols = _cols(OFF, BLOCK, len(xf.shape) == 2)
         v = tl.minimum(tl.maximum(xf * inv, -FMAX), FMAX)
-        tl.store(q_ptr + row * K + cols, _fp8_encode(v, FNUZ), mask=cols < K)
+        _fp8_store(q_ptr + row * K + cols, v, cols < K, FNUZ, HW_FP8)
 
     @triton.jit
     def _token_scale(amax, FMAX: tl.constexpr, MIN_SCALE: tl.constexpr):
@@ -237,17 +313,28 @@ if triton is not None:
     @triton.jit
     def _group_quant_store(xf, row, q_ptr, s_ptr, K, OFF: tl.constexpr, FMAX: tl.constexpr,
                            MIN_SCALE: tl.constexpr, GROUP: tl.constexpr, FNUZ: tl.constexpr,
-                           BLOCK: tl.constexpr):
-        """Per-group quant of the columns [OFF, OFF + BLOCK) (OFF a multiple of GROUP)."""
+                           BLOCK: tl.constexpr, HW_FP8: tl.constexpr = False):
+        """Per-group quant of the columns [OFF, OFF + BLOCK) (OFF a multiple of GROUP). A row
+        part held as [BLOCK / 8, 8] is viewed as [groups, GROUP / 8, 8], which keeps each
+        thread's 8 columns in place (no layout conversion)."""
         NG: tl.constexpr = BLOCK // GROUP
-        xg = tl.reshape(xf, [NG, GROUP])
-        amax = tl.max(tl.abs(xg), axis=1)
-        scale = tl.maximum(tl.math.div_rn(amax, FMAX), MIN_SCALE)
-        inv = tl.math.div_rn(tl.full([NG], 1.0, tl.float32), scale)
-        v = tl.minimum(tl.maximum(xg * inv[:, None], -FMAX), FMAX)
         gi = tl.arange(0, NG)
-        cols = OFF + gi[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-        tl.store(q_ptr + row * K + cols, _fp8_encode(v, FNUZ), mask=cols < K)
+        if len(xf.shape) == 2:
+            xg = tl.reshape(xf, [NG, GROUP // 8, 8])
+            amax = tl.max(tl.max(tl.abs(xg), axis=2), axis=1)
+            scale = tl.maximum(tl.math.div_rn(amax, FMAX), MIN_SCALE)
+            inv = tl.math.div_rn(tl.full([NG], 1.0, tl.float32), scale)
+            v = tl.minimum(tl.maximum(xg * inv[:, None, None], -FMAX), FMAX)
+            cols = (OFF + gi[:, None, None] * GROUP + tl.arange(0, GROUP // 8)[None, :, None] * 8
+                    + tl.arange(0, 8)[None, None, :])
+        else:
+            xg = tl.reshape(xf, [NG, GROUP])
+            amax = tl.max(tl.abs(xg), axis=1)
+            scale = tl.maximum(tl.math.div_rn(amax, FMAX), MIN_SCALE)
+            inv = tl.math.div_rn(tl.full([NG], 1.0, tl.float32), scale)
+            v = tl.minimum(tl.maximum(xg * inv[:, None], -FMAX), FMAX)
+            cols = OFF + gi[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        _fp8_store(q_ptr + row * K + cols, v, cols < K, FNUZ, HW_FP8)
         n_groups = K // GROUP
         g = OFF // GROUP + gi
         tl.store(s_ptr + row * n_groups + g, scale, mask=g < n_groups)
@@ -255,54 +342,73 @@ if triton is not None:
     @triton.jit
     def _quant_row(xa, xb, row, q_ptr, s_ptr, K, FMAX: tl.constexpr, MIN_SCALE: tl.constexpr,
                    GROUP: tl.constexpr, FNUZ: tl.constexpr, BLOCK_A: tl.constexpr,
-                   BLOCK_B: tl.constexpr):
+                   BLOCK_B: tl.constexpr, HW_FP8: tl.constexpr = False):
         """Dynamic fp8 quant of a row held as two parts (fp32 holding activation-dtype
         values, zero past K): columns [0, BLOCK_A) and [BLOCK_A, BLOCK_A + BLOCK_B)."""
         if GROUP == 0:
-            amax = tl.max(tl.abs(xa), axis=0)
+            amax = tl.max(tl.abs(xa))
             if BLOCK_B > 0:
-                amax = tl.maximum(amax, tl.max(tl.abs(xb), axis=0))
-            scale, inv = _token_scale(amax, FMAX, MIN_SCALE)
-            _encode_store(xa, inv, row, q_ptr, K, 0, FMAX, FNUZ, BLOCK_A)
-            if BLOCK_B > 0:
-                _encode_store(xb, inv, row, q_ptr, K, BLOCK_A, FMAX, FNUZ, BLOCK_B)
-            tl.store(s_ptr + row, scale)
+                amax = tl.maximum(amax, tl.max(tl.abs(xb)))
+            _token_quant_store(xa, xb, amax, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, FNUZ,
+                               BLOCK_A, BLOCK_B, HW_FP8)
         else:
-            _group_quant_store(xa, row, q_ptr, s_ptr, K, 0, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A)
+            _group_quant_store(xa, row, q_ptr, s_ptr, K, 0, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A,
+                               HW_FP8)
             if BLOCK_B > 0:
                 _group_quant_store(xb, row, q_ptr, s_ptr, K, BLOCK_A, FMAX, MIN_SCALE, GROUP,
-                                   FNUZ, BLOCK_B)
+                                   FNUZ, BLOCK_B, HW_FP8)
 
     @triton.jit
-    def _add_part(y_ptr, r_ptr, ro_ptr, row, K, OFF: tl.constexpr, BLOCK: tl.constexpr):
+    def _token_quant_store(xa, xb, amax, row, q_ptr, s_ptr, K, FMAX: tl.constexpr,
+                           MIN_SCALE: tl.constexpr, FNUZ: tl.constexpr, BLOCK_A: tl.constexpr,
+                           BLOCK_B: tl.constexpr, HW_FP8: tl.constexpr):
+        scale, inv = _token_scale(amax, FMAX, MIN_SCALE)
+        _encode_store(xa, inv, row, q_ptr, K, 0, FMAX, FNUZ, BLOCK_A, HW_FP8)
+        if BLOCK_B > 0:
+            _encode_store(xb, inv, row, q_ptr, K, BLOCK_A, FMAX, FNUZ, BLOCK_B, HW_FP8)
+        tl.store(s_ptr + row, scale)
+
+    @triton.jit
+    def _add_part(y_ptr, r_ptr, ro_ptr, row, K, OFF: tl.constexpr, BLOCK: tl.constexpr,
+                  NATIVE: tl.constexpr = False):
         """s = y + r over [OFF, OFF + BLOCK) in fp32; stores the rounded new residual."""
-        cols = OFF + tl.arange(0, BLOCK)
+        cols = _cols(OFF, BLOCK)
         mask = cols < K
         y = tl.load(y_ptr + row * K + cols, mask=mask, other=0.0)
         r = tl.load(r_ptr + row * K + cols, mask=mask, other=0.0)
         s = y.to(tl.float32) + r.to(tl.float32)
-        tl.store(ro_ptr + row * K + cols, _round_to(s, ro_ptr.dtype.element_ty), mask=mask)
+        tl.store(ro_ptr + row * K + cols, _round_to(s, ro_ptr.dtype.element_ty, NATIVE), mask=mask)
         return s
 
     @triton.jit
-    def _norm_part(s, rstd, w_ptr, K, OFF: tl.constexpr, BLOCK: tl.constexpr, act: tl.constexpr):
-        cols = OFF + tl.arange(0, BLOCK)
-        w = tl.load(w_ptr + cols, mask=cols < K, other=0.0)
-        return _round_to((s * rstd) * (w.to(tl.float32) + 1.0), act).to(tl.float32)
+    def _w1_part(w_ptr, K, OFF: tl.constexpr, BLOCK: tl.constexpr, TWO_D: tl.constexpr = True):
+        """1 + w in fp32 (the Gemma offset is added in fp32, never in the weight's dtype)."""
+        cols = _cols(OFF, BLOCK, TWO_D)
+        return tl.load(w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32) + 1.0
 
     @triton.jit
-    def _norm_quant_row(sa, sb, row, w_ptr, q_ptr, s_ptr, K, eps, FMAX: tl.constexpr,
+    def _rms_quant_core(sa, sb, w1a, w1b, row, q_ptr, s_ptr, K, eps, FMAX: tl.constexpr,
                         MIN_SCALE: tl.constexpr, GROUP: tl.constexpr, FNUZ: tl.constexpr,
                         BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, LOG2: tl.constexpr,
-                        act: tl.constexpr):
-        """RMSNorm + fp8 quant of one row held as two parts (sa, then sb when BLOCK_B > 0), in
-        fp32; shared by this kernel and the fused two-rank all-reduce epilogue."""
+                        act: tl.constexpr, NATIVE: tl.constexpr, HW_FP8: tl.constexpr):
+        """RMSNorm + fp8 quant of one row held as two parts in fp32 (sa, then sb when
+        BLOCK_B > 0), with 1 + w already loaded (w1a, w1b): two block reductions per token
+        (max square with the amax probe, then the fixed-point sum), one per group."""
         sqa = sa * sa
-        mx = tl.max(sqa, axis=0)
         sqb = sqa  # placeholder when there is no second part (never read)
-        if BLOCK_B > 0:
-            sqb = sb * sb
-            mx = tl.maximum(mx, tl.max(sqb, axis=0))
+        tmax = 0.0
+        if GROUP == 0:
+            mx, tmax = _max2_all(sqa, _probe(sa, w1a))
+            if BLOCK_B > 0:
+                sqb = sb * sb
+                mxb, tmaxb = _max2_all(sqb, _probe(sb, w1b))
+                mx = tl.maximum(mx, mxb)
+                tmax = tl.maximum(tmax, tmaxb)
+        else:
+            mx = tl.max(sqa)
+            if BLOCK_B > 0:
+                sqb = sb * sb
+                mx = tl.maximum(mx, tl.max(sqb))
         f = _sumsq_scale(mx, LOG2)
         total = _fixed(sqa, f)
         if BLOCK_B > 0:
@@ -310,27 +416,55 @@ if triton is not None:
         sumsq = total.to(tl.float32) * _pow2(-f)
         var = tl.math.div_rn(sumsq, tl.cast(K, tl.float32))
         rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(var + eps))
-        xa = _norm_part(sa, rstd, w_ptr, K, 0, BLOCK_A, act)
+        xa = _round_to((sa * rstd) * w1a, act, NATIVE).to(tl.float32)
         xb = xa  # placeholder when there is no second part (never read)
         if BLOCK_B > 0:
-            xb = _norm_part(sb, rstd, w_ptr, K, BLOCK_A, BLOCK_B, act)
-        _quant_row(xa, xb, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A, BLOCK_B)
+            xb = _round_to((sb * rstd) * w1b, act, NATIVE).to(tl.float32)
+        if GROUP == 0:
+            amax = _token_amax(xa, xb, rstd, tmax, act, BLOCK_B, NATIVE)
+            _token_quant_store(xa, xb, amax, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, FNUZ,
+                               BLOCK_A, BLOCK_B, HW_FP8)
+        else:
+            _quant_row(xa, xb, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A,
+                       BLOCK_B, HW_FP8)
+
+    @triton.jit
+    def _norm_quant_row(sa, sb, row, w_ptr, q_ptr, s_ptr, K, eps, FMAX: tl.constexpr,
+                        MIN_SCALE: tl.constexpr, GROUP: tl.constexpr, FNUZ: tl.constexpr,
+                        BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, LOG2: tl.constexpr,
+                        act: tl.constexpr, NATIVE: tl.constexpr = False,
+                        HW_FP8: tl.constexpr = False):
+        """RMSNorm + fp8 quant of one row held as two parts (sa, then sb when BLOCK_B > 0), in
+        fp32; shared by this kernel and the fused two-rank all-reduce epilogue."""
+        TWO_D: tl.constexpr = len(sa.shape) == 2
+        w1a = _w1_part(w_ptr, K, 0, BLOCK_A, TWO_D)
+        w1b = w1a  # placeholder when there is no second part (never read)
+        if BLOCK_B > 0:
+            w1b = _w1_part(w_ptr, K, BLOCK_A, BLOCK_B, TWO_D)
+        _rms_quant_core(sa, sb, w1a, w1b, row, q_ptr, s_ptr, K, eps, FMAX, MIN_SCALE, GROUP, FNUZ,
+                        BLOCK_A, BLOCK_B, LOG2, act, NATIVE, HW_FP8)
 
     @triton.jit
     def _add_rms_quant_kernel(y_ptr, r_ptr, w_ptr, q_ptr, s_ptr, ro_ptr, K, eps,
                               FMAX: tl.constexpr, MIN_SCALE: tl.constexpr,
                               GROUP: tl.constexpr, FNUZ: tl.constexpr,
-                              BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, LOG2: tl.constexpr):
+                              BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, LOG2: tl.constexpr,
+                              NATIVE: tl.constexpr = False, HW_FP8: tl.constexpr = False):
         # The row is split into two power-of-two parts (5120 = 4096 + 1024) instead of one
-        # padded block (8192): masked lanes cost the same instructions as live ones.
+        # padded block (8192): masked lanes cost the same instructions as live ones. The
+        # weight is loaded with the activations, before the first reduction, so its latency
+        # is not on the critical path.
         row = tl.program_id(0).to(tl.int64)
         act: tl.constexpr = y_ptr.dtype.element_ty
-        sa = _add_part(y_ptr, r_ptr, ro_ptr, row, K, 0, BLOCK_A)
-        sb = sa  # placeholder when there is no second part (never read)
+        w1a = _w1_part(w_ptr, K, 0, BLOCK_A)
+        sa = _add_part(y_ptr, r_ptr, ro_ptr, row, K, 0, BLOCK_A, NATIVE)
+        sb = sa  # placeholders when there is no second part (never read)
+        w1b = w1a
         if BLOCK_B > 0:
-            sb = _add_part(y_ptr, r_ptr, ro_ptr, row, K, BLOCK_A, BLOCK_B)
-        _norm_quant_row(sa, sb, row, w_ptr, q_ptr, s_ptr, K, eps, FMAX, MIN_SCALE, GROUP, FNUZ,
-                        BLOCK_A, BLOCK_B, LOG2, act)
+            w1b = _w1_part(w_ptr, K, BLOCK_A, BLOCK_B)
+            sb = _add_part(y_ptr, r_ptr, ro_ptr, row, K, BLOCK_A, BLOCK_B, NATIVE)
+        _rms_quant_core(sa, sb, w1a, w1b, row, q_ptr, s_ptr, K, eps, FMAX, MIN_SCALE, GROUP, FNUZ,
+                        BLOCK_A, BLOCK_B, LOG2, act, NATIVE, HW_FP8)
 
 
 def split_row(k: int) -> tuple[int, int]:
@@ -349,54 +483,124 @@ def launch_params(k: int) -> tuple[int, int, int, int]:
     return a, b, sum_log2(k), num_warps
 
 
+def kernel_warps(k: int) -> int:
+    """num_warps of _add_rms_quant_kernel: launch_params' choice, except 8 (not 4) for rows of
+    1025..2048 lanes -- on the H200 at M=8, K=2048: 2.11 us against 2.53 (graph mode, same
+    run, docs/benchmarks.md); at K=5120 4, 8 and 16 warps measured the same."""
+    a, b, _, num_warps = launch_params(k)
+    return 8 if 1024 < a + b <= 2048 else num_warps
+
+
+# num_warps of _add_rms_quant_kernel by padded row width (absent: kernel_warps' choice): a
+# knob for the benchmark's sweep (set it before the first call of a shape; plans are cached).
+WARPS_OVERRIDE: dict[int, int] = {}
+
+
 def quant_constexprs(group_size: int, fp8_dtype: torch.dtype) -> dict:
     return {"FMAX": FP8_MAX[fp8_dtype], "MIN_SCALE": min_scale(fp8_dtype), "GROUP": group_size,
             "FNUZ": fp8_dtype == torch.float8_e4m3fnuz}
 
 
-def _alloc(y: torch.Tensor, group_size: int, fp8_dtype: torch.dtype):
-    m, k = y.shape
-    q = torch.empty((m, k), dtype=fp8_dtype, device=y.device)
-    scale = torch.empty(scale_shape(m, k, group_size), dtype=torch.float32, device=y.device)
-    new_residual = torch.empty((m, k), dtype=y.dtype, device=y.device)
-    return q, scale, new_residual
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def native_constexprs(device: torch.device, fp8_dtype: torch.dtype) -> dict:
+    """NATIVE (the compiler's RTNE fp32 -> bf16) and HW_FP8 (cvt.rn.satfinite to e4m3fn) where
+    they were checked bit for bit against the reference: NVIDIA GPUs (fp8 from sm_89). The
+    interpreter truncates on conversion and ROCm has not been run, so both keep the integer
+    paths there."""
+    if interpreting() or device.type != "cuda" or torch.version.hip is not None:
+        return {"NATIVE": False, "HW_FP8": False}
+    return {"NATIVE": True, "HW_FP8": fp8_dtype == torch.float8_e4m3fn
+            and torch.cuda.get_device_capability(device) >= (8, 9)}
+
+
+class _Plan:
+    """Everything about a launch that depends only on (K, group, dtypes, device), validated
+    once: a call then costs three allocations and one JIT launch. (Calling the compiled
+    kernel's launcher directly, past the JIT's argument specialisation, measured no faster on
+    the H200's host with Triton 3.6 -- docs/benchmarks.md -- so the JIT launch stays.)"""
+
+    __slots__ = ("consts", "k", "num_warps", "q_as_bytes", "scale_cols")
+
+    def __init__(self, k: int, group_size: int, fp8_dtype: torch.dtype, device: torch.device):
+        check_group(group_size, k)
+        if fp8_dtype not in FP8_DTYPES:
+            raise ValueError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+        block_a, block_b, log2, _ = launch_params(k)
+        self.k = k
+        self.scale_cols = k // group_size if group_size else 1
+        self.consts = {**quant_constexprs(group_size, fp8_dtype), "BLOCK_A": block_a,
+                       "BLOCK_B": block_b, "LOG2": log2, **native_constexprs(device, fp8_dtype)}
+        self.num_warps = WARPS_OVERRIDE.get(block_a + block_b, kernel_warps(k))
+        # The interpreter has no fp8 pointers, and Triton on NVIDIA none of the fnuz format.
+        self.q_as_bytes = interpreting() or (fp8_dtype == torch.float8_e4m3fnuz
+                                             and torch.version.hip is None)
+
+    def launch(self, m, y, residual, weight, q, scale, new_residual, eps):
+        if self.q_as_bytes:
+            q = q.view(torch.uint8)
+        _add_rms_quant_kernel[(m,)](
+            y, residual, weight, q, scale, new_residual, self.k, eps, num_warps=self.num_warps,
+            enable_fp_fusion=False, **self.consts)
+
+
+_PLANS: dict[tuple, _Plan] = {}
 
 
 def add_rms_quant_triton(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                          eps: float, group_size: int = 0, fp8_dtype: torch.dtype | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    fp8_dtype = resolve_fp8_dtype(fp8_dtype, y.device)
     m, k = y.shape
-    check_group(group_size, k)
-    y = y.contiguous()
-    residual = residual.contiguous()
-    weight = weight.contiguous()
-    q, scale, new_residual = _alloc(y, group_size, fp8_dtype)
-    if m == 0:
-        return q, scale, new_residual
-    block_a, block_b, log2, num_warps = launch_params(k)
-    _add_rms_quant_kernel[(m,)](
-        y, residual, weight, q.view(torch.uint8), scale, new_residual, k, float(eps),
-        BLOCK_A=block_a, BLOCK_B=block_b, LOG2=log2, num_warps=num_warps, enable_fp_fusion=False,
-        **quant_constexprs(group_size, fp8_dtype))
+    device = y.device
+    if fp8_dtype is None:
+        fp8_dtype = fp8_dtype_for_device(device)
+    key = (k, group_size, fp8_dtype, y.dtype, residual.dtype, weight.dtype, device)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _Plan(k, group_size, fp8_dtype, device)
+    if residual.shape != y.shape or weight.shape != (k,):
+        raise ValueError(f"residual {tuple(residual.shape)} and weight {tuple(weight.shape)} do not "
+                         f"match y {tuple(y.shape)}")
+    if not y.is_contiguous():
+        y = y.contiguous()
+    if not residual.is_contiguous():
+        residual = residual.contiguous()
+    if not weight.is_contiguous():
+        weight = weight.contiguous()
+    q = torch.empty((m, k), dtype=fp8_dtype, device=device)
+    scale = torch.empty((m, plan.scale_cols), dtype=torch.float32, device=device)
+    new_residual = torch.empty((m, k), dtype=y.dtype, device=device)
+    if m:
+        plan.launch(m, y, residual, weight, q, scale, new_residual, float(eps))
     return q, scale, new_residual
 
 
 # ---------------------------------------------------------------------------------------
 # The op
 # ---------------------------------------------------------------------------------------
+# Registered through torch.library.Library (define + one impl per dispatch key + a fake), as
+# vLLM's direct_register_custom_op does, not torch.library.custom_op: the latter wraps every
+# call in Python autograd and output-aliasing checks that cost about 20 us per call on the
+# host (measured, see docs/benchmarks.md); the dispatcher then reaches our function directly.
 
-@torch.library.custom_op("radiance::add_rms_quant", mutates_args=())
-def _add_rms_quant_op(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                      group_size: int, fp8_dtype: torch.dtype
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if use_triton(y, residual, weight):
-        return add_rms_quant_triton(y, residual, weight, eps, group_size, fp8_dtype)
+
+def _add_rms_quant_gpu(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       group_size: int, fp8_dtype: torch.dtype
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if triton is None:
+        return add_rms_quant_reference(y, residual, weight, eps, group_size, fp8_dtype)
+    return add_rms_quant_triton(y, residual, weight, eps, group_size, fp8_dtype)
+
+
+def _add_rms_quant_cpu(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       group_size: int, fp8_dtype: torch.dtype
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return add_rms_quant_reference(y, residual, weight, eps, group_size, fp8_dtype)
 
 
-@_add_rms_quant_op.register_fake
-def _(y, residual, weight, eps, group_size, fp8_dtype):
+def _add_rms_quant_fake(y, residual, weight, eps, group_size, fp8_dtype):
     check_group(group_size, y.shape[1])
     m, k = y.shape
     return (y.new_empty((m, k), dtype=fp8_dtype),
@@ -404,12 +608,21 @@ def _(y, residual, weight, eps, group_size, fp8_dtype):
             y.new_empty((m, k)))
 
 
+_LIB = torch.library.Library("radiance", "FRAGMENT")  # noqa: TOR901 - lives as long as the module
+_LIB.define("add_rms_quant" + torch.library.infer_schema(_add_rms_quant_cpu, mutates_args=()))
+_LIB.impl("add_rms_quant", _add_rms_quant_gpu, "CUDA")
+_LIB.impl("add_rms_quant", _add_rms_quant_cpu, "CPU")
+torch.library.register_fake("radiance::add_rms_quant", _add_rms_quant_fake, lib=_LIB)
+_OP = torch.ops.radiance.add_rms_quant.default
+
+
 def add_rms_quant(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                   group_size: int = 0, fp8_dtype: torch.dtype | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q [M, K] fp8, scale [M, 1] or [M, K/128] fp32, new_residual [M, K] y.dtype)."""
-    return torch.ops.radiance.add_rms_quant(
-        y, residual, weight, float(eps), int(group_size), resolve_fp8_dtype(fp8_dtype, y.device))
+    if fp8_dtype is None:
+        fp8_dtype = fp8_dtype_for_device(y.device)
+    return _OP(y, residual, weight, float(eps), int(group_size), fp8_dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -428,23 +641,35 @@ def aot_options() -> dict:
     return {}
 
 
+# Where each AOT flavour runs: the HIP targets keep the integer conversions (see
+# native_constexprs), NVIDIA gets the native ones (hardware fp8 only for e4m3fn on sm_89+).
+AOT_TARGETS = {("gfx1201", "gfx1200", "gfx942", "gfx950"): (False, False), ("sm90", "sm89"): (True, True)}
+FP8_POINTER = {torch.float8_e4m3fn: "*fp8e4nv", torch.float8_e4m3fnuz: "*fp8e4b8"}
+
+
 def _register_aot() -> None:
     if triton is None:
         return
-    sig = {"y_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*fp32",
-           "ro_ptr": "*bf16", "K": "i32", "eps": "fp32"}
+    # 16-byte alignment of every pointer and of K, as the JIT specialises aligned tensors: the
+    # AOT binary is the vectorised variant that actually runs.
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
     for k in AOT_HIDDEN:
-        block_a, block_b, log2, num_warps = launch_params(k)
+        block_a, block_b, log2, _ = launch_params(k)
+        num_warps = kernel_warps(k)
         for fp8_dtype in FP8_DTYPES:
+            sig = {"y_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": FP8_POINTER[fp8_dtype],
+                   "s_ptr": "*fp32", "ro_ptr": "*bf16", "K": "i32", "eps": "fp32"}
             for group in SUPPORTED_GROUPS:
-                consts = {**quant_constexprs(group, fp8_dtype), "BLOCK_A": block_a,
-                          "BLOCK_B": block_b, "LOG2": log2}
-                fmt = "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
-                aot.register(aot.AotSpec(
-                    name=f"add_rms_quant[bf16,K{k},{fmt},g{group}]", feature="fp8_stream",
-                    kernel=_add_rms_quant_kernel,
-                    signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts,
-                    num_warps=num_warps, **aot_options()))
+                for archs, (native, hw_fp8) in AOT_TARGETS.items():
+                    consts = {**quant_constexprs(group, fp8_dtype), "BLOCK_A": block_a,
+                              "BLOCK_B": block_b, "LOG2": log2, "NATIVE": native,
+                              "HW_FP8": hw_fp8 and fp8_dtype == torch.float8_e4m3fn}
+                    fmt = "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
+                    aot.register(aot.AotSpec(
+                        name=f"add_rms_quant[bf16,K{k},{fmt},g{group},{archs[0]}]", feature="fp8_stream",
+                        kernel=_add_rms_quant_kernel,
+                        signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts,
+                        archs=archs, num_warps=num_warps, attrs=attrs, **aot_options()))
 
 
 _register_aot()
