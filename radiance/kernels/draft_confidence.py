@@ -14,14 +14,32 @@ The Triton kernel is a split reduction with the combine in the same launch: a ro
 column splits, one program per (row, split) reduces its split and writes a partial; the program
 that finishes last for a row (a per-row arrival counter) combines the partials. One launch matters:
 at B=8 the whole 248320-wide block is ~4 MB, under a microsecond of HBM time, so the launch count,
-not bandwidth, sets the time. The counters reset themselves, so they are allocated once.
+not bandwidth, sets the time. The counters reset themselves, so they are allocated once and the
+launch can be captured in a CUDA graph.
+
+Inside a split every lane of the tile keeps its own running (max, sum-exp relative to that max,
+tile of its max) across the loop, with one exp per element and no cross-lane work until the end:
+a cross-lane reduction per tile costs barriers that stall the loads behind it. The lanes are
+reduced once, after the loop.
 
 Ties resolve to the lowest column, like ``torch.argmax``; the sum's order differs from the
 reference, so sum-exp agrees to fp32 rounding, max and argmax exactly.
+
+Launch configs are data: ``radiance/configs/draft_confidence/<device>.json`` (rows -> block,
+unroll, warps, programs per SM, pipeline stages), written by
+``benchmarks/bench_draft_confidence.py --tune``; without a table the module defaults below apply.
+The public ``draft_confidence`` sends eager CUDA tensors straight to the launcher: on the H200 host
+the custom op's dispatch cost ~25 us per call, more than the kernel.
 """
 from __future__ import annotations
 
+import functools
+import json
+import logging
 import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -35,23 +53,78 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     triton = None
     tl = None
 
+logger = logging.getLogger(__name__)
+
 # Partials a row may be split into; the combine reads this many slots (masked), so it is a
-# compile-time size and also the cap on the split count the launcher picks.
-MAX_SPLITS = 64
-# Launch defaults, from benchmarks/bench_draft_confidence.py --tune on an H200 (2026-11-29,
-# device time over cold-L2 inputs; see docs/benchmarks.md): the one-pass online reduction with
-# 4096-column tiles, 4 warps and about 8 programs per SM was the fastest measured config at both
-# B=8 (5.6 us) and B=64 (18.6 us); the two-pass variant was within 6%.
-BLOCK = 4096
-NUM_WARPS = 4
-# Programs the launcher aims for per SM: enough resident programs to cover HBM latency at small B.
-PROGRAMS_PER_SM = 8
-# Reduction scheme: two passes over each split (per-lane max, then one exp per element) or one
-# online pass (rescaled sum, a cross-lane reduction per tile). The benchmark's --tune compares.
-TWO_PASS = False
+# compile-time size and also the cap on the split count the launcher picks. 128 lets B=8 spread
+# over every SM (8 rows x 128 splits = 1024 programs).
+MAX_SPLITS = 128
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "draft_confidence"
+
+
+@dataclass(frozen=True)
+class Config:
+    block: int = 1024          # lanes per tile (each lane keeps its own running max / sum / tile)
+    unroll: int = 4            # tiles loaded before they are folded (1, 2 or 4): bytes in flight
+    num_warps: int = 4
+    programs_per_sm: int = 8   # resident programs the split plan aims for, per SM
+    stages: int = 1            # > 1: the chunk loop is software-pipelined this deep (cp.async)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# Used where no per-device table covers the batch. On the H200 it was within 2% of the tuned best
+# at every batch size from 1 to 128 (docs/benchmarks.md, 2026-11-29).
+DEFAULT_CONFIG = Config()
 
 
 if triton is not None:
+
+    @triton.jit
+    def _fold(x, t, m_vec, s_vec, t_vec, GUARD_NEG_INF: tl.constexpr):
+        """One tile into the per-lane accumulators: one exp per element, no cross-lane work.
+        ``t_vec`` holds the first column of the tile each lane's max came from (a scalar per tile,
+        so no per-element index arithmetic); the lane's column is ``t_vec + lane``."""
+        gt = x > m_vec  # strictly: a lane keeps its earliest column on a tie
+        # exp(-|x - m|) is the summand when x <= m and the rescale of the old sum when x > m.
+        # (|d| times a negative constant folds into one multiply; -|d| * c costs an extra add)
+        e = tl.exp2(tl.abs(x - m_vec) * -1.4426950408889634)
+        if GUARD_NEG_INF:
+            # -inf - -inf is NaN: a lane that has seen only -inf must add nothing for another
+            # -inf. (Not needed when the lanes start at a finite floor below every input.)
+            e = tl.where(x > float("-inf"), e, 0.0)
+        s_vec = tl.where(gt, s_vec * e + 1.0, s_vec + e)
+        t_vec = tl.where(gt, t, t_vec)
+        m_vec = tl.maximum(m_vec, x)
+        return m_vec, s_vec, t_vec
+
+    @triton.jit
+    def _load_chunk(p, mask, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+        """UNROLL consecutive tiles at ``p`` (unused slots repeat the first: no extra loads)."""
+        xa = tl.load(p, mask=mask)
+        xb = xa
+        xc = xa
+        xd = xa
+        if UNROLL >= 2:
+            xb = tl.load(p + BLOCK, mask=mask)
+        if UNROLL >= 4:
+            xc = tl.load(p + 2 * BLOCK, mask=mask)
+            xd = tl.load(p + 3 * BLOCK, mask=mask)
+        return xa, xb, xc, xd
+
+    @triton.jit
+    def _fold_chunk(xa, xb, xc, xd, t, m_vec, s_vec, t_vec, BLOCK: tl.constexpr,
+                    UNROLL: tl.constexpr, GUARD: tl.constexpr):
+        m_vec, s_vec, t_vec = _fold(xa.to(tl.float32), t, m_vec, s_vec, t_vec, GUARD)
+        if UNROLL >= 2:
+            m_vec, s_vec, t_vec = _fold(xb.to(tl.float32), t + BLOCK, m_vec, s_vec, t_vec, GUARD)
+        if UNROLL >= 4:
+            m_vec, s_vec, t_vec = _fold(xc.to(tl.float32), t + 2 * BLOCK, m_vec, s_vec, t_vec,
+                                        GUARD)
+            m_vec, s_vec, t_vec = _fold(xd.to(tl.float32), t + 3 * BLOCK, m_vec, s_vec, t_vec,
+                                        GUARD)
+        return m_vec, s_vec, t_vec
 
     @triton.jit
     def _draft_confidence_kernel(
@@ -60,8 +133,9 @@ if triton is not None:
         out_max_ptr, out_sum_ptr, out_idx_ptr,
         split_cols,
         BLOCK: tl.constexpr,
+        UNROLL: tl.constexpr,
         NSPLIT_P2: tl.constexpr,
-        TWO_PASS: tl.constexpr,
+        STAGES: tl.constexpr,
     ):
         row = tl.program_id(0)
         split = tl.program_id(1)
@@ -69,50 +143,44 @@ if triton is not None:
         row_ptr = logits_ptr + row.to(tl.int64) * stride_row
         offs = tl.arange(0, BLOCK)
         start = split * split_cols
+        stop = tl.minimum(start + split_cols, n_valid)
+        CHUNK: tl.constexpr = BLOCK * UNROLL
+        n_full = tl.maximum(stop - start, 0) // CHUNK
         neg_inf = float("-inf")
+        # bf16/fp16 inputs are all above -FLT_MAX, so lanes can start there instead of at -inf:
+        # then no difference is ever -inf - -inf and the fold needs no NaN guard (an
+        # instruction and a half per element). An fp32 input can equal -FLT_MAX: it keeps -inf.
+        GUARD: tl.constexpr = logits_ptr.dtype.element_ty == tl.float32
+        floor = neg_inf if GUARD else -3.4028234663852886e38
 
-        if TWO_PASS:
-            # Pass 1: per-lane max and its first column, no cross-lane work inside the loop.
-            # Pass 2 re-reads the split (from L2: pass 1 asked to keep it) for one exp per
-            # element. Cheaper than the online rescale's two exps and a reduction per tile.
-            m_vec = tl.full((BLOCK,), neg_inf, tl.float32)
-            i_vec = tl.full((BLOCK,), 0, tl.int32) + start
-            for t in range(0, split_cols, BLOCK):
-                cols = start + t + offs
-                x = tl.load(row_ptr + cols, mask=cols < n_valid, other=neg_inf,
-                            eviction_policy="evict_last").to(tl.float32)
-                gt = x > m_vec  # strictly: a lane keeps its earliest column on a tie
-                i_vec = tl.where(gt, cols, i_vec)
-                m_vec = tl.where(gt, x, m_vec)
-            m = tl.max(m_vec, 0)
-            idx = tl.min(tl.where(m_vec == m, i_vec, 2147483647), 0)
-            base = tl.where(m == neg_inf, 0.0, m)
-            s_vec = tl.zeros((BLOCK,), tl.float32)
-            for t in range(0, split_cols, BLOCK):
-                cols = start + t + offs
-                x = tl.load(row_ptr + cols, mask=cols < n_valid, other=neg_inf,
-                            eviction_policy="evict_first").to(tl.float32)
-                s_vec += tl.exp(x - base)
-            s = tl.sum(s_vec, 0)
-        else:
-            m = tl.full((), neg_inf, tl.float32)
-            s = tl.full((), 0.0, tl.float32)
-            idx = start  # an all -inf split reports its first column, like torch.argmax would
-            for t in range(0, split_cols, BLOCK):
-                cols = start + t + offs
-                if start + t + BLOCK <= n_valid:
-                    # unmasked: 16-byte loads whatever n_valid's alignment
-                    x = tl.load(row_ptr + cols).to(tl.float32)
-                else:
-                    x = tl.load(row_ptr + cols, mask=cols < n_valid, other=neg_inf).to(tl.float32)
-                tmax, targ = tl.max(x, 0, return_indices=True)
-                m_new = tl.maximum(m, tmax)
-                # exp(-inf - -inf) is NaN: rebase on 0 while nothing finite has been seen.
-                base = tl.where(m_new == neg_inf, 0.0, m_new)
-                s = s * tl.exp(m - base) + tl.sum(tl.exp(x - base), 0)
-                # strictly greater: an earlier tile keeps a tie, so the lowest column wins
-                idx = tl.where(tmax > m, start + t + targ, idx)
-                m = m_new
+        m_vec = tl.full((BLOCK,), floor, tl.float32)
+        s_vec = tl.zeros((BLOCK,), tl.float32)
+        # an all -inf split reports its first column, like torch.argmax would
+        t_vec = tl.zeros((BLOCK,), tl.int32) + start
+        # Unmasked whole chunks: 16-byte loads whatever n_valid's alignment. STAGES > 1 lets
+        # Triton pipeline the loop (asynchronous copies to shared memory, STAGES - 1 chunks
+        # ahead), so a warp's memory wait overlaps its arithmetic: loads issued in registers
+        # ahead of the fold get sunk by ptxas next to their use (seen in the SASS), and without
+        # overlap the programs of an SM, started together, alternate between all waiting and
+        # all computing while HBM idles.
+        for c in tl.range(0, n_full, num_stages=STAGES):
+            t = start + c * CHUNK
+            xa, xb, xc, xd = _load_chunk(row_ptr + t + offs, None, BLOCK, UNROLL)
+            m_vec, s_vec, t_vec = _fold_chunk(xa, xb, xc, xd, t, m_vec, s_vec, t_vec,
+                                              BLOCK, UNROLL, GUARD)
+        # the ragged end of the split that holds n_valid: masked tiles, padding reads as -inf
+        for t in range(start + n_full * CHUNK, stop, BLOCK):
+            x = tl.load(row_ptr + t + offs, mask=t + offs < stop, other=neg_inf)
+            m_vec, s_vec, t_vec = _fold(x.to(tl.float32), t, m_vec, s_vec, t_vec, GUARD)
+
+        if not GUARD:
+            # a lane still at the floor with nothing summed saw only -inf (every finite input
+            # adds at least exp(0) = 1 when it becomes the max)
+            m_vec = tl.where(s_vec == 0.0, neg_inf, m_vec)
+        m = tl.max(m_vec, 0)
+        base = tl.where(m == neg_inf, 0.0, m)
+        s = tl.sum(s_vec * tl.exp(m_vec - base), 0)  # a lane at -inf has s = 0: adds 0
+        idx = tl.min(tl.where(m_vec == m, t_vec + offs, 2147483647), 0)
 
         part = row * NSPLIT_P2 + split
         tl.store(part_max_ptr + part, m)
@@ -140,7 +208,8 @@ if triton is not None:
 
     for _dtype in ("bf16", "fp16", "fp32"):
         aot.register(aot.AotSpec(
-            name=f"draft_confidence[{_dtype},BLOCK{BLOCK},{'2pass' if TWO_PASS else 'online'}]",
+            name=(f"draft_confidence[{_dtype},BLOCK{DEFAULT_CONFIG.block},U{DEFAULT_CONFIG.unroll}"
+                  f",S{DEFAULT_CONFIG.stages}]"),
             feature="dynamic_draft",
             kernel=_draft_confidence_kernel,
             signature={
@@ -148,11 +217,15 @@ if triton is not None:
                 "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "part_idx_ptr": "*i32",
                 "count_ptr": "*i32",
                 "out_max_ptr": "*fp32", "out_sum_ptr": "*fp32", "out_idx_ptr": "*i64",
-                "split_cols": "i32", "BLOCK": "constexpr", "NSPLIT_P2": "constexpr",
-                "TWO_PASS": "constexpr",
+                "split_cols": "i32", "BLOCK": "constexpr", "UNROLL": "constexpr",
+                "NSPLIT_P2": "constexpr", "STAGES": "constexpr",
             },
-            constexprs={"BLOCK": BLOCK, "NSPLIT_P2": MAX_SPLITS, "TWO_PASS": TWO_PASS},
-            num_warps=NUM_WARPS,
+            constexprs={"BLOCK": DEFAULT_CONFIG.block, "UNROLL": DEFAULT_CONFIG.unroll,
+                        "NSPLIT_P2": MAX_SPLITS, "STAGES": DEFAULT_CONFIG.stages},
+            # the JIT's specialisation for aligned rows: 16-byte loads
+            attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]],
+                   (10,): [["tt.divisibility", 16]]},
+            num_warps=DEFAULT_CONFIG.num_warps,
         ))
 
 
@@ -174,16 +247,79 @@ def draft_confidence_reference(logits: torch.Tensor, n_valid: int = -1
     return big_m, total, x.argmax(dim=-1)
 
 
+# --- launch configs ------------------------------------------------------------------------
+
+def device_key(device: torch.device) -> str:
+    """File stem of a device's config table: 'nvidia_h200', 'gfx1201', ..."""
+    if device.type != "cuda":
+        return device.type
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        return props.gcnArchName.split(":")[0]
+    return re.sub(r"[^a-z0-9]+", "_", props.name.lower()).strip("_")
+
+
+@functools.cache
+def load_table(key: str) -> tuple[tuple[int, Config], ...]:
+    """((rows, Config), ...) sorted by rows from the device's JSON; () if there is none."""
+    path = CONFIG_DIR / f"{key}.json"
+    if not path.is_file():
+        return ()
+    try:
+        data = json.loads(path.read_text())
+        return tuple(sorted((int(e["rows"]), Config(**e["config"])) for e in data["configs"]))
+    except Exception as exc:  # a broken table must not take the op down: defaults are correct
+        logger.warning("radiance: ignoring unreadable draft_confidence table %s: %s", path, exc)
+        return ()
+
+
+def config_for(rows: int, device: torch.device) -> Config:
+    """The tuned config of the smallest tuned batch >= ``rows`` (the largest past the end),
+    else ``DEFAULT_CONFIG``."""
+    table = load_table(device_key(device)) if device.type == "cuda" else ()
+    for tuned_rows, cfg in table:
+        if rows <= tuned_rows:
+            return cfg
+    return table[-1][1] if table else DEFAULT_CONFIG
+
+
+def split_plan(rows: int, n_cols: int, sm_count: int, block: int = DEFAULT_CONFIG.block,
+               programs_per_sm: int = DEFAULT_CONFIG.programs_per_sm,
+               unroll: int = 1) -> tuple[int, int]:
+    """(columns per split, number of splits): about ``programs_per_sm`` programs per SM in all,
+    each split a whole number of ``block * unroll`` chunks, at most MAX_SPLITS splits."""
+    chunk = block * unroll
+    want = max(1, min(MAX_SPLITS, math.ceil(programs_per_sm * sm_count / max(rows, 1))))
+    chunks = max(1, math.ceil(n_cols / chunk))
+    per_split = max(1, math.ceil(chunks / want))
+    nsplit = math.ceil(chunks / per_split)
+    return per_split * chunk, nsplit
+
+
 # --- Triton launcher -----------------------------------------------------------------------
 
-_SCRATCH: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-_SM_COUNT: dict[torch.device, int] = {}
-_PLANS: dict[tuple, tuple[int, int]] = {}
+# (device index, stream) -> (partial max, partial sum, partial idx, arrival counters). Per stream:
+# two launches on one stream are ordered; on two streams they could interleave tickets.
+_SCRATCH: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_SM_COUNT: dict[int, int] = {}
+# Per call signature: everything a repeat launch needs, so the hot path does no planning and, on
+# CUDA with a Triton whose launcher convention we know, skips Triton's per-call argument binding.
+_LAUNCHES: dict[tuple, list] = {}
+# Triton releases whose CompiledKernel.run(grid0, grid1, grid2, stream, function, packed metadata,
+# launch metadata, enter hook, exit hook, *all args) convention, and whose launchers' acceptance of
+# ints for pointer arguments, were read from their source (3.6 and 3.9).
+_DIRECT_TRITON = ("3.6.", "3.7.", "3.8.", "3.9.")
+# The cached direct launch (above) is off until a GPU run has validated it: the H200 runs of
+# 2026-11-29 never took it (the hook check below was wrong then: Triton 3.6's hooks are an empty
+# HookChain, not None), so its host-time saving is unmeasured. Turn on after
+# ``pytest -m gpu tests/radiance/kernels/test_draft_confidence.py`` passes (it forces it on).
+DIRECT_LAUNCH = False
 
 
-def _scratch(device: torch.device, rows: int):
-    """Partials and self-resetting arrival counters, grown on demand, kept per device."""
-    have = _SCRATCH.get(device)
+def _scratch(device: torch.device, stream: int, rows: int):
+    """Partials and self-resetting arrival counters, grown on demand."""
+    key = (device.index or 0, stream)
+    have = _SCRATCH.get(key)
     if have is None or have[3].shape[0] < rows:
         cap = max(rows, 64 if have is None else 2 * have[3].shape[0])
         have = (
@@ -192,35 +328,36 @@ def _scratch(device: torch.device, rows: int):
             torch.empty(cap * MAX_SPLITS, dtype=torch.int32, device=device),
             torch.zeros(cap, dtype=torch.int32, device=device),
         )
-        _SCRATCH[device] = have
+        _SCRATCH[key] = have
     return have
 
 
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 8  # the interpreter on CPU: any small grid exercises the combine
-    n = _SM_COUNT.get(device)
+    n = _SM_COUNT.get(device.index or 0)
     if n is None:
-        n = _SM_COUNT[device] = torch.cuda.get_device_properties(device).multi_processor_count
+        n = _SM_COUNT[device.index or 0] = torch.cuda.get_device_properties(device).multi_processor_count
     return n
 
 
-def split_plan(rows: int, n_cols: int, sm_count: int, block: int = BLOCK,
-               programs_per_sm: int = PROGRAMS_PER_SM) -> tuple[int, int]:
-    """(columns per split, number of splits): about ``programs_per_sm`` programs per SM in all,
-    each split a whole number of blocks, at most MAX_SPLITS splits."""
-    want = max(1, min(MAX_SPLITS, math.ceil(programs_per_sm * sm_count / max(rows, 1))))
-    tiles = max(1, math.ceil(n_cols / block))
-    per_split = max(1, math.ceil(tiles / want))
-    nsplit = math.ceil(tiles / per_split)
-    if nsplit > MAX_SPLITS:  # a vocabulary too wide for MAX_SPLITS at this block size
-        per_split = math.ceil(tiles / MAX_SPLITS)
-        nsplit = math.ceil(tiles / per_split)
-    return per_split * block, nsplit
+def _no_hook(hook) -> bool:
+    # None, or (Triton >= 3.6) a HookChain with nothing in it
+    return hook is None or (hasattr(hook, "calls") and not hook.calls)
 
 
-def _launch(logits: torch.Tensor, n_valid: int, block: int, num_warps: int, programs_per_sm: int,
-            two_pass: bool = TWO_PASS):
+def _direct_ok(device: torch.device) -> bool:
+    if not DIRECT_LAUNCH or device.type != "cuda" or torch.version.hip \
+            or not triton.__version__.startswith(_DIRECT_TRITON):
+        return False
+    from triton import knobs
+    # a profiler's launch hooks need Triton's own launch path
+    return _no_hook(knobs.runtime.launch_enter_hook) and _no_hook(knobs.runtime.launch_exit_hook)
+
+
+def _launch(logits: torch.Tensor, n_valid: int, config: Config | None = None, direct: bool = True):
+    """``config`` None = the device table's (or the default) for this batch; ``direct`` False
+    always goes through Triton's JIT launch (the benchmark compares the two paths)."""
     if triton is None:
         raise RuntimeError("the draft_confidence Triton kernel needs triton")
     if logits.dim() != 2:
@@ -228,33 +365,52 @@ def _launch(logits: torch.Tensor, n_valid: int, block: int, num_warps: int, prog
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     rows, n_cols = logits.shape
-    n_valid = n_cols if n_valid < 0 else min(n_valid, n_cols)
-    out_max = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    out_sum = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    out_idx = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    dev = logits.device
+    out_max = torch.empty(rows, dtype=torch.float32, device=dev)
+    out_sum = torch.empty(rows, dtype=torch.float32, device=dev)
+    out_idx = torch.empty(rows, dtype=torch.int64, device=dev)
     if rows == 0:
         return out_max, out_sum, out_idx
-    key = (rows, n_cols, logits.device, block, programs_per_sm)
-    plan = _PLANS.get(key)
-    if plan is None:  # the launch sits on the per-slot hot path: no arithmetic twice
-        plan = _PLANS[key] = split_plan(rows, max(n_cols, 1), _sm_count(logits.device), block,
-                                        programs_per_sm)
-    split_cols, nsplit = plan
-    pmax, psum, pidx, count = _scratch(logits.device, rows)
-    _draft_confidence_kernel[(rows, nsplit)](
-        logits, logits.stride(0), n_valid,
-        pmax, psum, pidx, count,
-        out_max, out_sum, out_idx,
-        split_cols,
-        BLOCK=block, NSPLIT_P2=MAX_SPLITS, TWO_PASS=two_pass, num_warps=num_warps,
+    n_valid = n_cols if n_valid < 0 else min(n_valid, n_cols)
+    stride = logits.stride(0)
+    on_cuda = dev.type == "cuda"
+    stream = torch._C._cuda_getCurrentRawStream(dev.index) if on_cuda else 0
+    # Everything Triton specialises on (alignment, divisibility by 16, == 1) is a function of
+    # this key, so a compiled kernel found under it is the one the JIT would pick.
+    key = (rows, n_cols, stride, n_valid, logits.dtype, dev.index, stream,
+           logits.data_ptr() % 16 == 0, config)
+    plan = _LAUNCHES.get(key)
+    if plan is None:  # the launch sits on the per-slot hot path: plan once per call signature
+        cfg = config or config_for(rows, dev)
+        split_cols, nsplit = split_plan(rows, max(n_cols, 1), _sm_count(dev), cfg.block,
+                                        cfg.programs_per_sm, cfg.unroll)
+        # [direct launch (filled after the first JIT launch), grid, scratch (kept alive here: a
+        # grown _SCRATCH replaces it), the trailing args, warps]
+        plan = _LAUNCHES[key] = [None, nsplit, _scratch(dev, stream, rows),
+                                 (split_cols, cfg.block, cfg.unroll, MAX_SPLITS, cfg.stages),
+                                 cfg.num_warps]
+    fast, nsplit, scratch, tail, warps = plan
+    if direct and fast is not None and torch._C._cuda_getDevice() == dev.index:
+        run, function, packed, scratch_ptrs = fast
+        # Pointers as ints: the launcher then skips, per pointer, a data_ptr() call and a
+        # cuPointerGetAttribute driver call (the scratch pointers are fixed, so precomputed).
+        run(rows, nsplit, 1, stream, function, packed, None, None, None,
+            logits.data_ptr(), stride, n_valid, *scratch_ptrs, out_max.data_ptr(),
+            out_sum.data_ptr(), out_idx.data_ptr(), *tail)
+        return out_max, out_sum, out_idx
+    compiled = _draft_confidence_kernel[(rows, nsplit)](
+        logits, stride, n_valid, *scratch, out_max, out_sum, out_idx, *tail, num_warps=warps,
     )
+    if fast is None and on_cuda and _direct_ok(dev) and torch.cuda.current_device() == dev.index:
+        plan[0] = (compiled.run, compiled.function, compiled.packed_metadata,  # .run loads it
+                   tuple(t.data_ptr() for t in scratch))
     return out_max, out_sum, out_idx
 
 
 def draft_confidence_triton(logits: torch.Tensor, n_valid: int = -1
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Triton kernel; same contract as ``draft_confidence_reference``."""
-    return _launch(logits, n_valid, BLOCK, NUM_WARPS, PROGRAMS_PER_SM)
+    return _launch(logits, n_valid)
 
 
 # --- the op --------------------------------------------------------------------------------
@@ -281,5 +437,12 @@ def draft_confidence(logits: torch.Tensor, n_valid: int = -1
 
     The top-1 probability is ``1 / sum-exp``; across shards combine with
     ``radiance.draft.local_vocab.combine_partials``.
+
+    In eager mode a plain CUDA tensor goes straight to the launcher: the custom op's dispatch
+    costs more host time than the launch itself (docs/benchmarks.md). Traced code (torch.compile)
+    and tensor subclasses (fake tensors) go through ``torch.ops.radiance.draft_confidence``.
     """
+    if type(logits) is torch.Tensor and logits.is_cuda and triton is not None \
+            and not torch.compiler.is_compiling():
+        return draft_confidence_triton(logits, n_valid)
     return torch.ops.radiance.draft_confidence(logits, n_valid)

@@ -1,13 +1,20 @@
 """draft_confidence: Triton equals the reference (ids and max exact, sum-exp to fp32 rounding)."""
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
 import torch
 
-from radiance.kernels.draft_confidence import (draft_confidence, draft_confidence_reference,
-                                               draft_confidence_triton, split_plan)
+from radiance.kernels import draft_confidence as dc
+from radiance.kernels.draft_confidence import (
+    Config,
+    draft_confidence,
+    draft_confidence_reference,
+    draft_confidence_triton,
+    split_plan,
+)
 
 # (dtype, atol, rtol) for sum-exp: a sum of up to 2.5e5 fp32 terms in another order differs by
 # ~1e-5 relative; max is exact (a max of exactly converted values), argmax is exact.
@@ -57,29 +64,73 @@ def test_opcheck_cpu():
 
 @pytest.mark.parametrize("rows,cols,sms", [(8, 248320, 132), (64, 248320, 132), (1, 17, 132),
                                            (512, 248320, 132), (1, 10 ** 7, 132)])
-def test_split_plan_covers_every_column(rows, cols, sms):
-    split_cols, nsplit = split_plan(rows, cols, sms)
-    assert 1 <= nsplit <= 64
+@pytest.mark.parametrize("block,unroll,pps", [(2048, 1, 8), (1024, 4, 16), (4096, 2, 4)])
+def test_split_plan_covers_every_column(rows, cols, sms, block, unroll, pps):
+    split_cols, nsplit = split_plan(rows, cols, sms, block, pps, unroll)
+    assert 1 <= nsplit <= dc.MAX_SPLITS
+    assert split_cols % (block * unroll) == 0  # the unmasked loop runs whole chunks
     assert split_cols * nsplit >= cols > split_cols * (nsplit - 1)
+
+
+def test_config_table(tmp_path, monkeypatch):
+    """A batch uses the entry of the smallest tuned batch >= it; past the end, the largest; a
+    broken table falls back to the default."""
+    monkeypatch.setattr(dc, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(dc, "device_key", lambda device: "fake_gpu")
+    dc.load_table.cache_clear()
+    (tmp_path / "fake_gpu.json").write_text(json.dumps({"configs": [
+        {"rows": 64, "config": {"block": 1024, "unroll": 4, "num_warps": 4, "programs_per_sm": 8}},
+        {"rows": 8, "config": {"block": 2048, "unroll": 1, "num_warps": 8, "programs_per_sm": 16}},
+    ]}))
+    try:
+        cuda = torch.device("cuda", 0)
+        assert dc.config_for(1, cuda) == dc.config_for(8, cuda) == Config(2048, 1, 8, 16)
+        assert dc.config_for(9, cuda) == dc.config_for(500, cuda) == Config(1024, 4, 4, 8)
+        assert dc.config_for(8, torch.device("cpu")) == dc.DEFAULT_CONFIG
+        (tmp_path / "fake_gpu.json").write_text("{not json")
+        dc.load_table.cache_clear()
+        assert dc.config_for(8, cuda) == dc.DEFAULT_CONFIG
+    finally:
+        dc.load_table.cache_clear()
+
+
+def test_shipped_tables_parse():
+    for path in sorted(dc.CONFIG_DIR.glob("*.json")):
+        table = dc.load_table(path.stem)
+        assert table, path
+        for rows, cfg in table:
+            assert rows >= 1 and cfg.unroll in (1, 2, 4) and cfg.block & (cfg.block - 1) == 0
+            assert cfg.stages >= 1 and cfg.programs_per_sm >= 1
 
 
 _INTERPRETER_CHECK = textwrap.dedent("""
     import torch
     from radiance.kernels import draft_confidence as dc
-    from radiance.kernels.draft_confidence import draft_confidence_reference
+    from radiance.kernels.draft_confidence import Config, draft_confidence_reference
     g = torch.Generator().manual_seed(0)
     cases = [(3, 20000, -1, torch.float32), (2, 9000, 8999, torch.bfloat16),
-             (2, 5000, 0, torch.float32), (1, 7, -1, torch.float16)]
-    for (rows, cols, n_valid, dtype), two_pass in [(c, t) for c in cases for t in (True, False)]:
+             (2, 5000, 0, torch.float32), (1, 7, -1, torch.float16),
+             (3, 6000, 4097, torch.bfloat16)]
+    configs = [Config(512, 2, 4, 2), Config(1024, 1, 4, 2), Config(256, 4, 4, 2),
+               Config(256, 2, 4, 1, 3), Config(512, 4, 4, 2, 2), Config(512, 1, 4, 1, 4)]
+    for (rows, cols, n_valid, dtype), cfg in [(c, k) for c in cases for k in configs]:
         x = (torch.randn(rows, cols, generator=g) * 4).to(dtype)
         if cols > 100:
             x[0, 11] = x[0, cols // 2] = 90
             x[1, 4097] = x[1, 5] = 91  # a tie between lanes, and across tiles
+            if rows > 2:  # mostly -inf: lanes that see only -inf, a tie among the few finite
+                x[2] = float("-inf")
+                x[2, 3000:3010] = -5.0
+                x[2, 3005] = x[2, 100] = -1.0
         for _ in range(2):  # the second launch checks that the arrival counters reset
-            got = dc._launch(x, n_valid, 2048, 4, 2, two_pass)
+            got = dc._launch(x, n_valid, cfg)
             want = draft_confidence_reference(x, n_valid)
             assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]), (got, want)
             torch.testing.assert_close(got[1], want[1], rtol=3e-5, atol=0)
+    x = (torch.randn(4, 9000, generator=g) * 4)[:, 100:7100]  # strided rows
+    got, want = dc._launch(x, -1, configs[0]), draft_confidence_reference(x, -1)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+    torch.testing.assert_close(got[1], want[1], rtol=3e-5, atol=0)
     print("ok")
 """)
 
@@ -111,19 +162,72 @@ def test_triton_equals_reference_on_gpu(rows, cols, n_valid, dtype, atol, rtol):
     check(draft_confidence(x, n_valid), want, atol, rtol)
 
 
+GPU_CONFIGS = [Config(1024, 1, 4, 8), Config(1024, 4, 4, 8, 3), Config(2048, 2, 4, 16, 2),
+               Config(4096, 1, 8, 4), Config(2048, 4, 8, 12, 4)]
+
+
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("two_pass", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows,cols,n_valid", [(8, 248320, -1), (64, 248320, 248320 - 3),
                                                (3, 70001, 69999)])
-def test_both_reductions_on_gpu(rows, cols, n_valid, two_pass):
-    from radiance.kernels.draft_confidence import _launch
-
-    x = make_logits(rows, cols, torch.bfloat16, "cuda", rows + cols)
+def test_launch_configs_on_gpu(rows, cols, n_valid, dtype):
+    x = make_logits(rows, cols, dtype, "cuda", rows + cols)
     x[1, 5] = x[1, 4097] = 85.0
+    x[2] = float("-inf")  # a row that is -inf but for a tie of two finite values
+    x[2, 7] = x[2, 30000] = -3.0
     want = draft_confidence_reference(x, n_valid)
-    for block, warps, pps in [(4096, 8, 4), (2048, 4, 8), (8192, 8, 2)]:
-        check(_launch(x, n_valid, block, warps, pps, two_pass), want, 0.0, 3e-5)
+    for cfg in GPU_CONFIGS:
+        for direct in (False, True, True):  # the JIT launch, then the cached direct launch
+            check(dc._launch(x, n_valid, cfg, direct), want, 0.0, 3e-5)
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_graph_replay_on_gpu():
+    """Captured once, replayed on new contents: the counters reset inside every replay."""
+    x = make_logits(8, 248320, torch.bfloat16, "cuda", 5)
+    draft_confidence(x, -1)  # compile and allocate outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = draft_confidence(x, -1)
+    for seed in range(3):
+        x.copy_(make_logits(8, 248320, torch.bfloat16, "cuda", 100 + seed))
+        graph.replay()
+        check(out, draft_confidence_reference(x, -1), 0.0, 3e-5)
+
+
+@pytest.mark.gpu
+@gpu
+def test_direct_launch_on_gpu(monkeypatch):
+    """The cached direct launch (int pointers, no per-call JIT binding) equals the reference,
+    in eager calls, on strided rows and inside a CUDA graph, and is really taken."""
+    monkeypatch.setattr(dc, "DIRECT_LAUNCH", True)
+    dc._LAUNCHES.clear()
+    try:
+        for rows, cols, n_valid, dtype in [(8, 248320, -1, torch.bfloat16),
+                                           (64, 248320, 248320 - 3, torch.float32),
+                                           (3, 70001, 69999, torch.float16)]:
+            x = make_logits(rows, cols, dtype, "cuda", rows + cols)
+            want = draft_confidence_reference(x, n_valid)
+            for _ in range(3):
+                check(draft_confidence_triton(x, n_valid), want, 0.0, 3e-5)
+        assert all(plan[0] is not None for plan in dc._LAUNCHES.values())
+        x = make_logits(6, 50000, torch.bfloat16, "cuda", 3)[:, 100:40100]
+        for _ in range(2):
+            check(draft_confidence_triton(x, -1), draft_confidence_reference(x, -1), 0.0, 3e-5)
+        x = make_logits(8, 248320, torch.bfloat16, "cuda", 9)
+        draft_confidence_triton(x, -1)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = draft_confidence_triton(x, -1)
+        for seed in range(2):
+            x.copy_(make_logits(8, 248320, torch.bfloat16, "cuda", 200 + seed))
+            graph.replay()
+            check(out, draft_confidence_reference(x, -1), 0.0, 3e-5)
+    finally:
+        dc._LAUNCHES.clear()
 
 
 @pytest.mark.gpu
