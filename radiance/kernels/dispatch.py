@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 
@@ -27,3 +28,13 @@ def fp8_dtype_for_device(device: torch.device | None = None) -> torch.dtype:
         if arch.startswith("gfx94"):
             return torch.float8_e4m3fnuz
     return torch.float8_e4m3fn
+
+
+def device_key(device: torch.device) -> str:
+    """File stem of a device's config table: 'nvidia_h200', 'gfx1201', ..."""
+    if device.type != "cuda":
+        return device.type
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        return props.gcnArchName.split(":")[0]
+    return re.sub(r"[^a-z0-9]+", "_", props.name.lower()).strip("_")

@@ -37,14 +37,13 @@ import functools
 import json
 import logging
 import math
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from . import aot
-from .dispatch import use_triton
+from .dispatch import device_key, use_triton
 
 try:  # Triton is optional: a CPU-only install runs the reference
     import triton
@@ -248,16 +247,6 @@ def draft_confidence_reference(logits: torch.Tensor, n_valid: int = -1
 
 
 # --- launch configs ------------------------------------------------------------------------
-
-def device_key(device: torch.device) -> str:
-    """File stem of a device's config table: 'nvidia_h200', 'gfx1201', ..."""
-    if device.type != "cuda":
-        return device.type
-    props = torch.cuda.get_device_properties(device)
-    if torch.version.hip:
-        return props.gcnArchName.split(":")[0]
-    return re.sub(r"[^a-z0-9]+", "_", props.name.lower()).strip("_")
-
 
 @functools.cache
 def load_table(key: str) -> tuple[tuple[int, Config], ...]:

@@ -47,14 +47,13 @@ import functools
 import json
 import logging
 import os
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from radiance.kernels import aot
-from radiance.kernels.dispatch import use_triton
+from radiance.kernels.dispatch import device_key, use_triton
 from radiance.w4 import layout
 
 logger = logging.getLogger("radiance")
@@ -372,16 +371,6 @@ def default_config(m: int, n: int, k: int, num_sms: int = 132) -> Config:
     while tiles * split < num_sms and split < 8 and kblocks // (split * 2) >= 4:
         split *= 2
     return Config(block_n=bn, block_m=bm, split_k=split, num_warps=4, num_stages=4)
-
-
-def device_key(device: torch.device) -> str:
-    """File stem of a device's config table: 'nvidia_h200', 'gfx1201', ..."""
-    if device.type != "cuda":
-        return device.type
-    props = torch.cuda.get_device_properties(device)
-    if torch.version.hip:
-        return props.gcnArchName.split(":")[0]
-    return re.sub(r"[^a-z0-9]+", "_", props.name.lower()).strip("_")
 
 
 def config_path(key: str) -> Path:
