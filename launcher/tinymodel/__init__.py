@@ -47,7 +47,8 @@ def _make_readable(model_dir: Path) -> None:
 def generate_into(target: Path, seed: int = 0, gsm8k_dir: Path | None = None, **variant) -> Path:
     """Generate into a temp sibling, then swap it into place, so readers never see a partial model.
 
-    ``variant``: ``write_model``'s keyword options (mlp_only_layers, embed_scale, norm_std)."""
+    ``variant``: ``write_model``'s keyword options (mlp_only_layers, embed_scale, norm_std,
+    fp8_blocks)."""
     from launcher.tinymodel.generate import write_model
 
     target = Path(target)

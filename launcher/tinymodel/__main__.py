@@ -2,7 +2,8 @@
 
 Variant options for numerics tests (weights.py explains them): ``--mlp-only-layers 0,1,2``
 (dense MLPs there; one layer must stay MoE), ``--embed-scale 16`` (decisive greedy logits),
-``--norm-std 0.1`` (a distinct weight per RMSNorm)."""
+``--norm-std 0.1`` (a distinct weight per RMSNorm), ``--fp8-blocks`` (a block-fp8 checkpoint:
+e4m3 weights with 128x128 ``weight_scale_inv`` and a ``quantization_config``; see fp8.py)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ from launcher.tinymodel.corpus import GSM8K_ENV
               help="Multiply the token embeddings: makes greedy top-1 choices decisive.")
 @click.option("--norm-std", default=0.0, show_default=True, type=float,
               help="Std of random Gemma-style RMSNorm offsets (0: all zeros).")
+@click.option("--fp8-blocks", is_flag=True,
+              help="Store the block-alignable linears as fp8 e4m3 with 128x128 weight_scale_inv "
+                   "(the DeepSeek/Qwen FP8 checkpoint format).")
 def main(out: Path, seed: int, force: bool, gsm8k_dir: Path | None, mlp_only_layers: str,
-         embed_scale: float, norm_std: float) -> None:
+         embed_scale: float, norm_std: float, fp8_blocks: bool) -> None:
     """Write a tiny random-weight Qwen3-Next (with one MTP layer) that vLLM loads on CPU."""
     from launcher.tinymodel import config
 
@@ -46,7 +50,7 @@ def main(out: Path, seed: int, force: bool, gsm8k_dir: Path | None, mlp_only_lay
         click.echo(f"error: {out} already holds {state}; pass --force to replace it", err=True)
         sys.exit(2)
     generate_into(out, seed=seed, gsm8k_dir=gsm8k_dir, mlp_only_layers=dense, embed_scale=embed_scale,
-                  norm_std=norm_std)
+                  norm_std=norm_std, fp8_blocks=fp8_blocks)
     click.echo(str(out))
 
 

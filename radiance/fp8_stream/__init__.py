@@ -15,19 +15,30 @@ Pieces:
   activation.py  ``Fp8Activation(q, scale, dtype)``: the carrier the epilogue hands on; stock
                  module code (Column/Merged/QKV linears, the GDN forward) passes it through
   linear.py      ``radiance_fp8``: an out-of-tree vLLM quantization config (registered by the
-                 plugin in every process, whatever RADIANCE_FP8_STREAM says) for bf16
-                 checkpoints -- weights fp8 per output channel at load (per TP shard),
+                 plugin in every process, whatever RADIANCE_FP8_STREAM says). On a bf16
+                 checkpoint: weights fp8 per output channel at load (per TP shard),
                  activations fp8 per token with add_rms_quant's own quantiser, GEMM
-                 ``fp8_gemm``. Its method takes a tensor (quantises it: with the contract off,
-                 this is the stock fp8 path) or an Fp8Activation, and declares
-                 ``radiance_fp8_input``. Router gates, lm_head, embeddings and routed experts
-                 stay unquantised.
+                 ``fp8_gemm``, ``Fp8Input(0, dtype)``. Its methods take a tensor (quantise it:
+                 with the contract off, this is the stock fp8 path) or an Fp8Activation.
+                 Router gates, lm_head, embeddings and routed experts stay unquantised.
+  block.py       the same flag on a block-fp8 checkpoint (DeepSeek/Qwen FP8: e4m3 [N, K] +
+                 128x128 ``weight_scale_inv``, dynamic activations): linear.py's
+                 ``override_quantization_method`` / ``from_config`` hand it here. Weights and
+                 scales load as the file stores them per TP shard (vLLM's fp8 parameters and
+                 loaders), activations per token-group of 128 (the epilogue's group mode),
+                 GEMM ``fp8_gemm`` group x block, ``Fp8Input(128, dtype)``. Consumers the
+                 checkpoint keeps in bf16 (GDN in_proj_ba, unblockable q/k/v) keep their
+                 weights and dequantise the same group-128 input, so their sites still stream.
+                 e4m3fnuz devices: vLLM's normalisation (0x80 -> 0, bits as fnuz, scales x2).
+                 Other fp8 checkpoints (static, no or other blocks, e5m2) are refused by name.
 Kernels: radiance/kernels/add_rms_quant.py, silu_mul_quant.py, fp8_gemm.py.
 
-Serving it: ``--quantization radiance_fp8`` (bf16 checkpoint) and RADIANCE_FP8_STREAM=1, TP > 1.
-Consumers that qualify: full-attention qkv_proj, the GDN's in_proj_qkvz + in_proj_ba (both
-under radiance_fp8, same format), dense-MLP gate_up_proj. Checked end to end on vLLM CPU at
-TP=2 (tests/e2e/test_fp8_stream_tp2.py): greedy tokens identical to the stock fp8 path.
+Serving it: ``--quantization radiance_fp8`` (bf16 or block-fp8 checkpoint) and
+RADIANCE_FP8_STREAM=1, TP > 1. Consumers that qualify: full-attention qkv_proj, the GDN's
+in_proj_qkvz + in_proj_ba (both under radiance_fp8, same format), dense-MLP gate_up_proj.
+Checked end to end on vLLM CPU at TP=2, greedy tokens identical to the stock fp8 path:
+tests/e2e/test_fp8_stream_tp2.py (bf16, per token) and test_fp8_stream_block_tp2.py (the tiny
+block-fp8 checkpoint, group 128).
 
 Not done:
   * The sparse-MoE block: every published Qwen3-Next MLP is one; its router, experts and
@@ -35,8 +46,9 @@ Not done:
     the post-attention epilogue (consumer) nor the deferred down (row) applies to it. Such
     sites decline in the plan, with the block named in the log line; on an all-MoE model the
     whole feature declines.
-  * fp8 checkpoints (vLLM's Fp8LinearMethod with 128x128 block scales -> group-128
-    activations): not wrapped yet; radiance_fp8 reads no checkpoint scales.
+  * Block-fp8 routed experts: handed to vLLM's own Fp8MoEMethod (the MoE block declines
+    anyway); not exercised on CPU, where the tiny checkpoint keeps its experts bf16.
+  * Per-tensor / per-channel fp8 checkpoints (no weight_block_size): refused by name, not taken.
   * ``silu_mul_quant`` as the dense MLP's activation: not wired. It reproduces vLLM's
     native SiluAndMul, but on CPU vLLM runs its C++ silu_and_mul, whose bf16 outputs differ
     from the native ones almost everywhere (measured: fp8 codes of 99% of [*, 256] rows
