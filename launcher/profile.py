@@ -41,8 +41,9 @@ class ModelSpec(_Strict):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: Optional[int] = Field(default=None, ge=16)
     served_name: Optional[str] = None
-    # fp8: the checkpoint's own fp8 (vLLM's method). radiance_fp8: radiance's online W8A8 for a bf16
-    # checkpoint (weights per channel at load, activations per token), the linears fp8_stream feeds.
+    # fp8: vLLM's own fp8 method. radiance_fp8: the linears fp8_stream feeds -- online W8A8 for a bf16
+    # checkpoint (weights per channel at load, activations per token), or a block-fp8 (128x128)
+    # checkpoint's weights as stored (activations per group of 128).
     quantization: Optional[Literal["fp8", "radiance_fp8"]] = None
     fp8_lm_head: bool = False
     trust_remote_code: bool = False
