@@ -21,7 +21,8 @@ What is declined, and logged once per shape:
     token count, prefill chunks included, and a weight-streaming kernel re-reads the weight
     per 64 rows; MoE router gates (``gate``, ``shared_expert_gate``): tiny, and routing is
     the sensitive part; layers whose K is not a multiple of the group size; per-tensor fp8
-    and pre-processed weights. MoE experts are not linears (FusedMoE) and stay as they are.
+    and pre-processed weights; a block-fp8 DFlash drafter's ``qkv_proj`` (vLLM fuses its context
+    K/V projection only for bf16 weights, so there it sees the context token count). MoE experts are not linears (FusedMoE) and stay as they are.
     If a drafter load converts nothing, the feature reports itself declined.
 
 Knobs: RADIANCE_W4_DRAFTER (on/off), RADIANCE_W4_GROUP_SIZE (G).
@@ -165,6 +166,10 @@ class W4DrafterPatch(Patch):
             return None
         if not getattr(method, "block_quant", False):
             return "declined: fp8 without block scales (per-tensor/channel fp8 is not handled)"
+        if last == "qkv_proj" and DRAFT_SCOPE.method() == "dflash":
+            # vLLM's DFlash fuses the context K/V projection only from a bf16 weight; on a
+            # block-fp8 drafter qkv_proj itself sees the context (prefill) tokens every step.
+            return "declined: DFlash block-fp8 qkv_proj sees the context token count every step"
         try:
             from vllm.model_executor.utils import is_weights_pre_processed
         except ImportError:

@@ -13,7 +13,9 @@ The DFlash proposer (``DFlashProposer``) inherits the base ``_get_model``, so a 
 bracketed the same way (tests/e2e/test_w4_dflash.py). Its model builds the fused context-KV
 weight inside ``load_weights``, i.e. before ``process_weights_after_loading``: for a bf16
 drafter that weight is a bf16 copy taken before conversion, so the context (prefill) K/V
-projection stays a dense GEMM and never runs through the 4-bit kernel.
+projection stays a dense GEMM and never runs through the 4-bit kernel. For a block-fp8
+drafter vLLM builds no fused weight and runs ``qkv_proj`` itself over the context tokens, so
+the w4-drafter declines that layer there (the bracket records the proposer's method for it).
 
 One instance (``DRAFT_SCOPE``) is listed in the ``PATCHES`` of both features; the registry
 installs it once ("already applied" the second time).
@@ -50,6 +52,10 @@ class DraftLoadScope(Patch):
         """True while a drafter's weights are being loaded (in this thread)."""
         return getattr(self._local, "depth", 0) > 0
 
+    def method(self) -> str | None:
+        """The speculative method of the drafter being loaded ("mtp", "dflash", ...), if known."""
+        return getattr(self._local, "method", None) if self.active() else None
+
     def on_exit(self, hook: Callable[[], None]) -> None:
         """Run ``hook`` when the outermost drafter load returns (once per load)."""
         if hook not in self._exit_hooks:
@@ -60,12 +66,15 @@ class DraftLoadScope(Patch):
             self._exit_hooks.remove(hook)
 
     @contextlib.contextmanager
-    def entered(self):
+    def entered(self, method: str | None = None):
         self._local.depth = getattr(self._local, "depth", 0) + 1
+        outer_method = getattr(self._local, "method", None)
+        self._local.method = method or outer_method
         try:
             yield
         finally:
             self._local.depth -= 1
+            self._local.method = outer_method
             if self._local.depth == 0:
                 for hook in list(self._exit_hooks):
                     try:
@@ -89,7 +98,7 @@ class DraftLoadScope(Patch):
         # running that a second time as a "fallback" would be wrong.
         @functools.wraps(orig)
         def _get_model(proposer, *args, **kwargs):
-            with self.entered():
+            with self.entered(getattr(proposer, "method", None)):
                 return orig(proposer, *args, **kwargs)
 
         return _get_model

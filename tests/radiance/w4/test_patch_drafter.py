@@ -209,3 +209,28 @@ def test_both_features_share_one_bracket(vllm_cpu, monkeypatch):
     finally:
         for p in reversed(registry.patches):
             p.revert()
+
+
+def test_dflash_block_fp8_qkv_is_declined_mtp_is_not(w4):
+    from vllm.model_executor.layers.linear import QKVParallelLinear
+    from vllm.model_executor.layers.quantization.fp8 import Fp8LinearMethod
+
+    def fp8_qkv():
+        layer = QKVParallelLinear(256, 64, 2, 2, bias=False, params_dtype=torch.bfloat16, disable_tp=True,
+                                  prefix="model.layers.4.self_attn.qkv_proj")
+        n = layer.weight.shape[0]
+        layer.weight = torch.nn.Parameter((torch.randn(n, 256) * 0.02).to(torch.float8_e4m3fn), requires_grad=False)
+        layer.weight_scale_inv = torch.nn.Parameter(torch.ones(-(-n // 128), 2), requires_grad=False)
+        layer.orig_dtype = torch.bfloat16
+        return layer
+
+    method = types.SimpleNamespace(block_quant=True, weight_block_size=[128, 128])
+    for proposer_method, converted in (("dflash", False), ("mtp", True)):
+        layer = fp8_qkv()
+        with DRAFT_SCOPE.entered(proposer_method):
+            assert DRAFT_SCOPE.method() == proposer_method
+            reason = w4.decline_reason(method, layer, "fp8")
+        assert (reason is None) == converted, (proposer_method, reason)
+        if not converted:
+            assert "DFlash" in reason and "context" in reason
+    assert DRAFT_SCOPE.method() is None
