@@ -22,7 +22,8 @@ What is declined, and logged once per shape:
     per 64 rows; MoE router gates (``gate``, ``shared_expert_gate``): tiny, and routing is
     the sensitive part; layers whose K is not a multiple of the group size; per-tensor fp8
     and pre-processed weights; a block-fp8 DFlash drafter's ``qkv_proj`` (vLLM fuses its context
-    K/V projection only for bf16 weights, so there it sees the context token count). MoE experts are not linears (FusedMoE) and stay as they are.
+    K/V projection only for bf16 weights, so there it sees the context token count). MoE
+    experts are not linears (FusedMoE) and stay as they are.
     If a drafter load converts nothing, the feature reports itself declined.
 
 Knobs: RADIANCE_W4_DRAFTER (on/off), RADIANCE_W4_GROUP_SIZE (G).
