@@ -34,4 +34,12 @@ def test_tp2_local_vocab_equals_tp1(tmp_path):
     assert "dynamic-draft samples drafts from vocabulary shards (TP=2" in log, log[-3000:]
     assert "latched off" not in log and "runs stock MTP" not in log, log[-3000:]
     assert tp2["token_ids"] == tp1["token_ids"]
-    assert tp2["metrics"] == tp1["metrics"]
+    # The draft counts need not repeat, not even TP=1 against itself (55 drafts in one CI run, 53
+    # in the next, same inputs): the engine core steps in its own process while requests are
+    # still arriving, so batch composition varies with load, and the schedule's forward cap
+    # depends on the batch size. The outputs cannot vary: the target verifies every token.
+    print(f"[dynamic-draft tp2] TP=1 {tp1['metrics']} / TP=2 {tp2['metrics']}")
+    drafts1, drafts2 = (m["vllm:spec_decode_num_drafts"] for m in (tp1["metrics"], tp2["metrics"]))
+    acc1, acc2 = (m["vllm:spec_decode_num_accepted_tokens"] for m in (tp1["metrics"], tp2["metrics"]))
+    assert drafts2 > 0 and abs(drafts2 - drafts1) <= 0.1 * drafts1
+    assert abs(acc2 - acc1) <= 0.1 * acc1
