@@ -23,19 +23,16 @@ from pathlib import Path
 
 import pytest
 
+try:
+    from .run_greedy import PROMPTS
+except ImportError:  # run as the child script (python tests/e2e/test_w4_dflash.py ...)
+    from run_greedy import PROMPTS
+
 pytestmark = pytest.mark.e2e
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
 K = 4
 MAX_TOKENS = 32
-PROMPTS = [
-    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
-    '{"id": 1, "name": "alpha", "tags": ["x", "y"]}, {"id": 2, "name": "beta", "tags": [',
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
-    "import os\nimport sys\nimport json\n\n\ndef main():\n",
-    "Question: Weng earns $12 an hour for babysitting. How much did she earn?\nAnswer:",
-    "for i in range(10):\n    print(i)\nfor j in range(10):\n",
-]
 # The drafter's layers sit after the target's 4 (vLLM numbers them from start_layer_id = 4).
 DRAFTER_LINEARS = [f"model.layers.{i}.{name}" for i in (4, 5)
                    for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
