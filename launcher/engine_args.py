@@ -74,6 +74,7 @@ def radiance_env(profile: Profile, report_dir: Path) -> dict[str, str]:
         "RADIANCE_W4_DRAFTER": "1" if f.w4_drafter.enabled else "0",
         "RADIANCE_INT4_HEAD": "1" if f.int4_head.enabled else "0",
         "RADIANCE_FP8_STREAM": "1" if f.fp8_stream.enabled else "0",
+        "RADIANCE_GDN_NORM_QUANT": "1" if f.fp8_stream.gdn_norm_quant else "0",
     }
     if f.dynamic_draft.enabled:
         env["RADIANCE_DRAFT_TAU"] = repr(f.dynamic_draft.tau)

@@ -102,6 +102,19 @@ class Toggle(_Strict):
     enabled: bool = False
 
 
+class Fp8Stream(Toggle):
+    # The GDN gated-norm + fp8 quant epilogue (RADIANCE_GDN_NORM_QUANT). Off by default: it rounds
+    # 1 in ~300 000 values an ulp away from vLLM's own norm.
+    gdn_norm_quant: bool = False
+
+    @model_validator(mode="after")
+    def _needs_stream(self) -> "Fp8Stream":
+        if self.gdn_norm_quant and not self.enabled:
+            raise ValueError("gdn_norm_quant works inside the fp8-stream contract — fix: set "
+                             "fp8_stream.enabled: true or drop gdn_norm_quant")
+        return self
+
+
 def _bool_shorthand(v: Any) -> Any:
     return {"enabled": v} if isinstance(v, bool) else v
 
@@ -109,7 +122,7 @@ def _bool_shorthand(v: Any) -> Any:
 class Features(_Strict):
     dynamic_draft: DynamicDraft = DynamicDraft()
     w4_drafter: Toggle = Toggle()
-    fp8_stream: Toggle = Toggle()
+    fp8_stream: Fp8Stream = Fp8Stream()
     int4_head: Toggle = Toggle()
 
     _shorthand = field_validator("dynamic_draft", "w4_drafter", "fp8_stream", "int4_head",

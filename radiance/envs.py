@@ -135,6 +135,9 @@ _KNOBS = (
     # --- fp8-stream --------------------------------------------------------------------
     Knob("RADIANCE_FP8_STREAM", "0", parse_bool,
          "fp8 residual-stream contract with fused add + RMSNorm + quant epilogues (TP>1)."),
+    Knob("RADIANCE_GDN_NORM_QUANT", "0", parse_bool,
+         "With the fp8-stream contract installed: GDN gated RMSNorm + fp8 quant in one kernel "
+         "feeding out_proj; off by default (1-ulp differences from vLLM's CPU norm, ~3e-6)."),
     # --- launcher / appliance ----------------------------------------------------------
     Knob("RADIANCE_HOME", "", _parse_str,
          "State directory of the launcher (deployments, logs, reports); empty: "

@@ -31,7 +31,13 @@ Pieces:
                  weights and dequantise the same group-128 input, so their sites still stream.
                  e4m3fnuz devices: vLLM's normalisation (0x80 -> 0, bits as fnuz, scales x2).
                  Other fp8 checkpoints (static, no or other blocks, e5m2) are refused by name.
-Kernels: radiance/kernels/add_rms_quant.py, silu_mul_quant.py, fp8_gemm.py.
+  gdn.py         RADIANCE_GDN_NORM_QUANT=1 (off by default): on an installed contract, each GDN
+                 layer whose guards hold (silu-gated RMSNormGated over whole heads, bf16
+                 weight, out_proj declaring ``radiance_fp8_input``, ...) gets a per-instance
+                 ``_output_projection``: ``gdn_norm_quant`` (norm + gate + fp8 quant, one
+                 launch) hands out_proj an Fp8Activation. Refused layers stay stock; the install
+                 line counts the epilogues and names each refusal once.
+Kernels: radiance/kernels/add_rms_quant.py, silu_mul_quant.py, gdn_norm_quant.py, fp8_gemm.py.
 
 Serving it: ``--quantization radiance_fp8`` (bf16 or block-fp8 checkpoint) and
 RADIANCE_FP8_STREAM=1, TP > 1. Consumers that qualify: full-attention qkv_proj, the GDN's
@@ -49,6 +55,9 @@ Not done:
   * Block-fp8 routed experts: handed to vLLM's own Fp8MoEMethod (the MoE block declines
     anyway); not exercised on CPU, where the tiny checkpoint keeps its experts bf16.
   * Per-tensor / per-channel fp8 checkpoints (no weight_block_size): refused by name, not taken.
+  * The GDN epilogue is off by default: it matches vLLM's CPU RMSNormGated in all but ~3e-6
+    of the bf16 values (one ulp; fp8 codes ~1e-6..1e-7, scales exact), so the TP=2 e2e
+    identity test could see a different token; not run end to end with it on.
   * ``silu_mul_quant`` as the dense MLP's activation: not wired. It reproduces vLLM's
     native SiluAndMul, but on CPU vLLM runs its C++ silu_and_mul, whose bf16 outputs differ
     from the native ones almost everywhere (measured: fp8 codes of 99% of [*, 256] rows

@@ -8,6 +8,8 @@ the process -- the MTP drafter included -- are untouched):
     ``_radiance_fp8_stream`` record of its flags;
   * the core remembers what was changed (``_radiance_fp8_stream_installed``) so ``uninstall``
     restores it exactly.
+With ``gdn_norm_quant`` (RADIANCE_GDN_NORM_QUANT), qualifying linear-attention modules also get
+gdn.py's fused gated-norm + quant ``_output_projection`` (per instance, undone by uninstall).
 
 The layer forward keeps vLLM's contract -- ``(hidden_states, residual)`` in and out -- but
 ``hidden_states`` may now be a partial sum whose all-reduce the next epilogue performs:
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import gdn
 from .activation import Fp8Activation
 from .plan import StreamPlan, attention_row, mlp_row
 
@@ -46,6 +49,14 @@ class Installed:
     plan: StreamPlan
     rows: list = field(default_factory=list)      # linears whose reduce_results was turned off
     layers: list = field(default_factory=list)    # layers whose forward was bound
+    gdn: list = field(default_factory=list)       # GDN modules given the fused norm + quant
+    gdn_refused: dict = field(default_factory=dict)  # {why: [layer indices]} kept stock
+
+    def summary(self) -> str:
+        text = self.plan.summary()
+        if self.gdn or self.gdn_refused:
+            text += "; " + gdn.summary(self.gdn, self.gdn_refused)
+        return text
 
 
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -91,8 +102,9 @@ def stream_forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | N
     return self.mlp(x), residual
 
 
-def install(core: torch.nn.Module, plan: StreamPlan) -> Installed:
-    """Apply ``plan`` (which must not be declined) to ``core``; all or nothing."""
+def install(core: torch.nn.Module, plan: StreamPlan, gdn_norm_quant: bool = False) -> Installed:
+    """Apply ``plan`` (which must not be declined) to ``core``; all or nothing. With
+    ``gdn_norm_quant``, also the fused GDN epilogue wherever gdn.py's guards hold."""
     if plan.declined:
         raise ValueError(f"cannot install a declined plan: {plan.declined}")
     if getattr(core, INSTALLED_ATTR, None) is not None:
@@ -120,6 +132,8 @@ def install(core: torch.nn.Module, plan: StreamPlan) -> Installed:
                     fmt_mid.fp8_dtype if fmt_mid else torch.float8_e4m3fn))
                 layer.forward = types.MethodType(stream_forward, layer)
                 done.layers.append(layer)
+        if gdn_norm_quant:
+            done.gdn, done.gdn_refused = gdn.install_layers(layers)
     except Exception:
         uninstall(core)
         raise
@@ -136,6 +150,7 @@ def uninstall(core: torch.nn.Module) -> bool:
     for layer in done.layers:
         layer.__dict__.pop("forward", None)
         layer.__dict__.pop(STATE_ATTR, None)
+    gdn.uninstall_layers(done.gdn)
     delattr(core, INSTALLED_ATTR)
     return True
 

@@ -12,7 +12,8 @@ contract.py mirrors), the aux-tap attribute, ``Qwen3NextRMSNorm`` being ``GemmaR
 (the norm add_rms_quant reproduces), ``tensor_model_parallel_all_reduce`` and
 ``RowParallelLinear.forward`` (which honours ``reduce_results``).
 
-Knob: RADIANCE_FP8_STREAM (radiance/envs.py). The traced graph changes where the contract
+Knobs: RADIANCE_FP8_STREAM, RADIANCE_GDN_NORM_QUANT (the fused GDN epilogue, gdn.py; read
+at install) (radiance/envs.py). The traced graph changes where the contract
 is installed, so vLLM's compile cache must be keyed on the knob (see the report).
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import functools
 import logging
 
 from ..patching import Patch, resolve
-from . import contract
+from . import contract, gdn
 from .plan import find_core, plan_stream
 
 logger = logging.getLogger("radiance")
@@ -46,8 +47,8 @@ def install_on(model, sizes=None) -> str:
         line = f"fp8-stream declined, stock contract: {plan.declined}"
         logger.warning("radiance: %s", line)
         return line
-    contract.install(core, plan)
-    line = f"fp8-stream installed: {plan.summary()}"
+    done = contract.install(core, plan, gdn_norm_quant=gdn.enabled())
+    line = f"fp8-stream installed: {done.summary()}"
     logger.info("radiance: %s", line)
     return line
 

@@ -112,3 +112,17 @@ def test_radiance_fp8_quantization_reaches_the_engine(tmp_path):
     assert args[args.index("--quantization") + 1] == "radiance_fp8"
     assert cfg.env["RADIANCE_FP8_STREAM"] == "1" and cfg.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
     assert "model.quantization" in _error(text.replace("radiance_fp8", "int3"))
+
+
+def test_gdn_norm_quant_rides_on_fp8_stream(tmp_path):
+    from launcher import engine_args
+
+    base = GOOD.replace("  tp: 1", "  tp: 2")
+    on = parse_profile(base.replace("  dynamic_draft: true", "  dynamic_draft: true\n  fp8_stream:\n"
+                                    "    enabled: true\n    gdn_norm_quant: true"), "x.yaml")
+    cfg = engine_args.build(on, platform="cpu", host="127.0.0.1", port=8000, model_arg="/m",
+                            model_dir=None, report_dir=tmp_path, environ={})
+    assert cfg.env["RADIANCE_GDN_NORM_QUANT"] == "1"
+    line = _error(base.replace("  dynamic_draft: true", "  dynamic_draft: true\n  fp8_stream:\n"
+                               "    gdn_norm_quant: true"))
+    assert "features.fp8_stream" in line and "gdn_norm_quant" in line and "fix:" in line, line

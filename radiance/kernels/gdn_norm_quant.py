@@ -1,0 +1,295 @@
+"""Fused GDN gated RMSNorm + dynamic fp8 quantisation (one launch): the epilogue that hands a
+Gated DeltaNet layer's out_proj its ``(q, scale)`` input directly.
+
+``gdn_norm_quant(x [T, H*D], z [T, H*D], weight [D], eps, group_size=0, fp8_dtype=None)
+-> (q [T, H*D] fp8, scale [T, 1] or [T, H*D/128] fp32)`` replaces, in
+``QwenGatedDeltaNetAttention._output_projection``, the stock ``self.norm(core_attn_out, z)``
+followed by the W8A8 out_proj's own quantisation of that normed activation.
+
+What the stock norm computes (vLLM 0.32.0, layers/layernorm.py ``RMSNormGated``, built by
+the Qwen GDN as ``RMSNormGated(head_v_dim, eps, group_size=None, norm_before_gate=True,
+activation=output_gate_type)``, with "swish" renamed "silu"): ``forward_native`` -- what the
+CPU runs (CustomOp.forward_cpu) -- calls ``forward_static``, which widens x, z and the weight
+to fp32 and, per head (the norm is applied to [T, H, D] over its last dim):
+``var = x.pow(2).mean(-1)``, ``x * rsqrt(var + eps)``, ``* weight`` (fp32; a plain weight,
+no Gemma offset), ``* silu(z)`` (fp32 silu: ATen computes ``z / (1 + exp(-z))``), and only
+then ``.to(x.dtype)``: ONE rounding to the activation dtype, at the end. (The CUDA path runs
+FLA's Triton ``rmsnorm_fn`` with the same order; "sigmoid" gating is not taken here.) The
+out_proj then quantises the [T, H*D] activation with QuantFP8's arithmetic, per token over
+all H*D columns or per group of 128 (``quantize_reference``, shared with add_rms_quant).
+
+Rounding points, identical in the Triton kernel and ``gdn_norm_quant_reference``: squares
+in fp32; each head's sum of squares order-free (add_rms_quant's fixed-point sum: scaled by a
+power of two from the head's largest square, truncated to int64, summed, converted back);
+``/ D``, ``sqrt`` and ``1 / sqrt`` correctly rounded; ``(x * rstd) * w``; silu as
+``z / (1 + e)`` correctly rounded with ``e = exp(-z)`` from silu_mul_quant's own exp (plain
+IEEE adds and multiplies, reproducible by torch); the product rounded once to x.dtype; then
+the shared fp8 quantiser (amax by a max reduction, exact in any order). Compiled with fp
+fusion off. Against stock only the last fp32 bit of the variance sum, of rsqrt and of exp
+can differ, which moves a normed value by one bf16 ulp in rare cases (the test measures how
+often against vLLM's own module on CPU).
+
+The kernel holds one token's row as an [HB, D] block (HB = H padded to a power of two,
+D a power of two): per-head statistics are row reductions of that block, the quantiser sees
+it in add_rms_quant's [BLOCK / 8, 8] layout. ``z`` may be a row-strided view (the GDN's
+fix_query_key_value_ordering slices it out of in_proj_qkvz's output).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import aot
+from .add_rms_quant import (
+    FP8_DTYPES,
+    FP8_POINTER,
+    SUPPORTED_GROUPS,
+    aot_options,
+    check_group,
+    div_rn,
+    exact_sumsq,
+    interpreting,
+    native_constexprs,
+    quant_constexprs,
+    quantize_reference,
+    resolve_fp8_dtype,
+    scale_shape,
+    sqrt_rn,
+    triton_next_pow2,
+)
+from .dispatch import fp8_dtype_for_device
+from .silu_mul_quant import exp_reference
+
+try:  # Triton is optional: the reference runs everywhere.
+    import triton
+    import triton.language as tl
+
+    from .add_rms_quant import _pow2, _quant_row, _round_to, _sumsq_scale
+    from .silu_mul_quant import _exp_f32
+except ImportError:  # pragma: no cover - CPU images without Triton
+    triton = None
+    tl = None
+
+# A head is held as one power-of-two block; Qwen3-Next's head_v_dim is 128, the tiny test
+# model's 64.
+HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+def head_log2(d: int) -> int:
+    """LOG2 of the fixed-point sum over one head (headroom for d int64 terms)."""
+    return max(d, 1).bit_length() - 1
+
+
+def check_shapes(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int) -> int:
+    """Validates the arguments; returns the number of heads."""
+    if x.dim() != 2 or z.shape != x.shape:
+        raise ValueError(f"x and z must both be [T, H*D], got {tuple(x.shape)} and {tuple(z.shape)}")
+    d = weight.numel()
+    if weight.dim() != 1 or d not in HEAD_DIMS:
+        raise ValueError(f"weight must be [D] with D in {HEAD_DIMS}, got {tuple(weight.shape)}")
+    if x.shape[1] % d:
+        raise ValueError(f"row width {x.shape[1]} is not a multiple of the head size {d}")
+    check_group(group_size, x.shape[1])
+    return x.shape[1] // d
+
+
+# ---------------------------------------------------------------------------------------
+# PyTorch reference (runs on any device; the op's CPU implementation)
+# ---------------------------------------------------------------------------------------
+
+def silu_reference(z: torch.Tensor) -> torch.Tensor:
+    """fp32 silu with the kernel's rounding points: z / (1 + exp(-z)), correctly rounded."""
+    z = z.to(torch.float32)
+    return div_rn(z, 1.0 + exp_reference(-z))
+
+
+def gdn_norm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+                       ) -> torch.Tensor:
+    """The norm half: per-head RMSNorm(x) * weight * silu(z), rounded once to x.dtype."""
+    t, k = x.shape
+    d = weight.numel()
+    xf = x.to(torch.float32).view(t, k // d, d)
+    var = div_rn(exact_sumsq(xf * xf, head_log2(d)), d)
+    rstd = div_rn(torch.ones_like(var), sqrt_rn(var + eps))
+    out = (xf * rstd.unsqueeze(-1)) * weight.to(torch.float32)
+    out = out * silu_reference(z.reshape(t, k // d, d))
+    return out.to(x.dtype).view(t, k)
+
+
+def gdn_norm_quant_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+                             group_size: int = 0, fp8_dtype: torch.dtype | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    fp8_dtype = resolve_fp8_dtype(fp8_dtype, x.device)
+    check_shapes(x, z, weight, group_size)
+    return quantize_reference(gdn_norm_reference(x, z, weight, eps), group_size, fp8_dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Triton kernel
+# ---------------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _gdn_norm_quant_kernel(x_ptr, z_ptr, w_ptr, q_ptr, s_ptr, H, stride_z, eps,
+                               D: tl.constexpr, HB: tl.constexpr, LOG2: tl.constexpr,
+                               FMAX: tl.constexpr, MIN_SCALE: tl.constexpr, GROUP: tl.constexpr,
+                               FNUZ: tl.constexpr, NATIVE: tl.constexpr = False,
+                               HW_FP8: tl.constexpr = False):
+        row = tl.program_id(0).to(tl.int64)
+        act: tl.constexpr = x_ptr.dtype.element_ty
+        K = H * D
+        heads = tl.arange(0, HB)[:, None]
+        dims = tl.arange(0, D)[None, :]
+        cols = heads * D + dims
+        mask = heads < H
+        # All three loads are issued before the first reduction.
+        w = tl.load(w_ptr + dims).to(tl.float32)
+        x = tl.load(x_ptr + row * K + cols, mask=mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + row * stride_z + cols, mask=mask, other=0.0).to(tl.float32)
+        sq = x * x
+        f = _sumsq_scale(tl.max(sq, axis=1), LOG2)
+        total = tl.sum((sq * _pow2(f)[:, None]).to(tl.int64), axis=1)
+        sumsq = total.to(tl.float32) * _pow2(-f)
+        var = tl.math.div_rn(sumsq, tl.full([HB], D, tl.float32))
+        rstd = tl.math.div_rn(tl.full([HB], 1.0, tl.float32), tl.math.sqrt_rn(var + eps))
+        silu = tl.math.div_rn(z, 1.0 + _exp_f32(-z))
+        out = ((x * rstd[:, None]) * w) * silu
+        xn = _round_to(out, act, NATIVE).to(tl.float32)
+        # The quantiser's layout ([BLOCK / 8, 8], flat index i * 8 + j): the same row-major
+        # order as [HB, D], padded heads are zeros (no effect on any amax; never stored).
+        xn = tl.reshape(xn, [HB * D // 8, 8])
+        _quant_row(xn, xn, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, GROUP, FNUZ, HB * D, 0, HW_FP8)
+
+
+def launch_params(h: int, d: int) -> tuple[int, int, int]:
+    """(HB, LOG2, num_warps) for a row of h heads of d."""
+    hb = triton_next_pow2(h)
+    lanes = hb * d
+    num_warps = 4 if lanes <= 2048 else 8 if lanes <= 8192 else 16
+    return hb, head_log2(d), num_warps
+
+
+class _Plan:
+    """Everything about a launch that depends only on (H, D, group, dtypes, device)."""
+
+    __slots__ = ("consts", "num_warps", "q_as_bytes", "scale_cols")
+
+    def __init__(self, h: int, d: int, group_size: int, fp8_dtype: torch.dtype, device: torch.device):
+        if fp8_dtype not in FP8_DTYPES:
+            raise ValueError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+        hb, log2, self.num_warps = launch_params(h, d)
+        self.scale_cols = h * d // group_size if group_size else 1
+        self.consts = {"D": d, "HB": hb, "LOG2": log2, **quant_constexprs(group_size, fp8_dtype),
+                       **native_constexprs(device, fp8_dtype)}
+        # The interpreter has no fp8 pointers, and Triton on NVIDIA none of the fnuz format.
+        self.q_as_bytes = interpreting() or (fp8_dtype == torch.float8_e4m3fnuz
+                                             and torch.version.hip is None)
+
+
+_PLANS: dict[tuple, _Plan] = {}
+
+
+def gdn_norm_quant_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+                          group_size: int = 0, fp8_dtype: torch.dtype | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    t, k = x.shape
+    device = x.device
+    if fp8_dtype is None:
+        fp8_dtype = fp8_dtype_for_device(device)
+    h = check_shapes(x, z, weight, group_size)
+    d = k // h
+    key = (h, d, group_size, fp8_dtype, x.dtype, z.dtype, weight.dtype, device)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _Plan(h, d, group_size, fp8_dtype, device)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if z.stride(1) != 1:
+        z = z.contiguous()
+    if not weight.is_contiguous():
+        weight = weight.contiguous()
+    q = torch.empty((t, k), dtype=fp8_dtype, device=device)
+    scale = torch.empty((t, plan.scale_cols), dtype=torch.float32, device=device)
+    if t:
+        _gdn_norm_quant_kernel[(t,)](
+            x, z, weight, q.view(torch.uint8) if plan.q_as_bytes else q, scale, h, z.stride(0),
+            float(eps), num_warps=plan.num_warps, enable_fp_fusion=False, **plan.consts)
+    return q, scale
+
+
+# ---------------------------------------------------------------------------------------
+# The op (registered like add_rms_quant's: torch.library.Library, no custom_op wrapper cost)
+# ---------------------------------------------------------------------------------------
+
+def _gdn_norm_quant_gpu(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+                        group_size: int, fp8_dtype: torch.dtype
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    if triton is None:
+        return gdn_norm_quant_reference(x, z, weight, eps, group_size, fp8_dtype)
+    return gdn_norm_quant_triton(x, z, weight, eps, group_size, fp8_dtype)
+
+
+def _gdn_norm_quant_cpu(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+                        group_size: int, fp8_dtype: torch.dtype
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    return gdn_norm_quant_reference(x, z, weight, eps, group_size, fp8_dtype)
+
+
+def _gdn_norm_quant_fake(x, z, weight, eps, group_size, fp8_dtype):
+    check_group(group_size, x.shape[1])
+    t, k = x.shape
+    return (x.new_empty((t, k), dtype=fp8_dtype),
+            x.new_empty(scale_shape(t, k, group_size), dtype=torch.float32))
+
+
+_LIB = torch.library.Library("radiance", "FRAGMENT")  # noqa: TOR901 - lives as long as the module
+_LIB.define("gdn_norm_quant" + torch.library.infer_schema(_gdn_norm_quant_cpu, mutates_args=()))
+_LIB.impl("gdn_norm_quant", _gdn_norm_quant_gpu, "CUDA")
+_LIB.impl("gdn_norm_quant", _gdn_norm_quant_cpu, "CPU")
+torch.library.register_fake("radiance::gdn_norm_quant", _gdn_norm_quant_fake, lib=_LIB)
+_OP = torch.ops.radiance.gdn_norm_quant.default
+
+
+def gdn_norm_quant(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
+                   group_size: int = 0, fp8_dtype: torch.dtype | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [T, H*D] fp8, scale [T, 1] or [T, H*D/128] fp32) of RMSNormGated(x, z) (per head of
+    D = weight.numel(), norm before a silu gate), rounded to x.dtype, then fp8-quantised."""
+    if fp8_dtype is None:
+        fp8_dtype = fp8_dtype_for_device(x.device)
+    return _OP(x, z, weight, float(eps), int(group_size), fp8_dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# AOT: bf16, D = 128, the value heads per TP rank of Qwen3-Next-80B (32 at TP=1, 16 at TP=2,
+# 8 at TP=4), both fp8 formats, per token and per group.
+# ---------------------------------------------------------------------------------------
+
+AOT_HEADS = (8, 16, 32)
+AOT_HEAD_DIM = 128
+AOT_TARGETS = {("gfx1201", "gfx1200", "gfx942", "gfx950"): (False, False), ("sm90", "sm89"): (True, True)}
+
+
+def _register_aot() -> None:
+    if triton is None:
+        return
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
+    for h in AOT_HEADS:
+        hb, log2, num_warps = launch_params(h, AOT_HEAD_DIM)
+        for fp8_dtype in FP8_DTYPES:
+            sig = {"x_ptr": "*bf16", "z_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": FP8_POINTER[fp8_dtype],
+                   "s_ptr": "*fp32", "H": "i32", "stride_z": "i32", "eps": "fp32"}
+            fmt = "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
+            for group in SUPPORTED_GROUPS:
+                for archs, (native, hw_fp8) in AOT_TARGETS.items():
+                    consts = {"D": AOT_HEAD_DIM, "HB": hb, "LOG2": log2,
+                              **quant_constexprs(group, fp8_dtype), "NATIVE": native,
+                              "HW_FP8": hw_fp8 and fp8_dtype == torch.float8_e4m3fn}
+                    aot.register(aot.AotSpec(
+                        name=f"gdn_norm_quant[bf16,H{h},D{AOT_HEAD_DIM},{fmt},g{group},{archs[0]}]",
+                        feature="fp8_stream", kernel=_gdn_norm_quant_kernel,
+                        signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts,
+                        archs=archs, num_warps=num_warps, attrs=attrs, **aot_options()))
+
+
+_register_aot()
