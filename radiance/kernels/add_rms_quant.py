@@ -62,7 +62,7 @@ import os
 import torch
 
 from . import aot
-from .dispatch import fp8_dtype_for_device
+from .dispatch import fp8_dtype_for_device, register_library_op
 
 try:  # Triton is optional: the reference runs everywhere.
     import triton
@@ -608,12 +608,7 @@ def _add_rms_quant_fake(y, residual, weight, eps, group_size, fp8_dtype):
             y.new_empty((m, k)))
 
 
-_LIB = torch.library.Library("radiance", "FRAGMENT")  # noqa: TOR901 - lives as long as the module
-_LIB.define("add_rms_quant" + torch.library.infer_schema(_add_rms_quant_cpu, mutates_args=()))
-_LIB.impl("add_rms_quant", _add_rms_quant_gpu, "CUDA")
-_LIB.impl("add_rms_quant", _add_rms_quant_cpu, "CPU")
-torch.library.register_fake("radiance::add_rms_quant", _add_rms_quant_fake, lib=_LIB)
-_OP = torch.ops.radiance.add_rms_quant.default
+_OP = register_library_op("add_rms_quant", _add_rms_quant_cpu, _add_rms_quant_gpu, _add_rms_quant_fake)
 
 
 def add_rms_quant(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -38,3 +38,20 @@ def device_key(device: torch.device) -> str:
     if torch.version.hip:
         return props.gcnArchName.split(":")[0]
     return re.sub(r"[^a-z0-9]+", "_", props.name.lower()).strip("_")
+
+
+# Libraries must live as long as the process; the ops registered through them die with them.
+_LIBRARIES: list = []
+
+
+def register_library_op(name: str, cpu_impl, gpu_impl, fake):
+    """``torch.ops.radiance.<name>`` through ``torch.library.Library`` (CPU and CUDA impls and a
+    fake), for ops on the decode path: ``torch.library.custom_op`` adds Python autograd and
+    aliasing checks to every eager call (docs/architecture.md). Returns the default overload."""
+    lib = torch.library.Library("radiance", "FRAGMENT")  # noqa: TOR901 - kept in _LIBRARIES
+    lib.define(name + torch.library.infer_schema(cpu_impl, mutates_args=()))
+    lib.impl(name, gpu_impl, "CUDA")
+    lib.impl(name, cpu_impl, "CPU")
+    torch.library.register_fake(f"radiance::{name}", fake, lib=lib)
+    _LIBRARIES.append(lib)
+    return getattr(torch.ops.radiance, name).default

@@ -56,7 +56,7 @@ from .add_rms_quant import (
     sqrt_rn,
     triton_next_pow2,
 )
-from .dispatch import fp8_dtype_for_device
+from .dispatch import fp8_dtype_for_device, register_library_op
 from .silu_mul_quant import exp_reference
 
 try:  # Triton is optional: the reference runs everywhere.
@@ -242,12 +242,7 @@ def _gdn_norm_quant_fake(x, z, weight, eps, group_size, fp8_dtype):
             x.new_empty(scale_shape(t, k, group_size), dtype=torch.float32))
 
 
-_LIB = torch.library.Library("radiance", "FRAGMENT")  # noqa: TOR901 - lives as long as the module
-_LIB.define("gdn_norm_quant" + torch.library.infer_schema(_gdn_norm_quant_cpu, mutates_args=()))
-_LIB.impl("gdn_norm_quant", _gdn_norm_quant_gpu, "CUDA")
-_LIB.impl("gdn_norm_quant", _gdn_norm_quant_cpu, "CPU")
-torch.library.register_fake("radiance::gdn_norm_quant", _gdn_norm_quant_fake, lib=_LIB)
-_OP = torch.ops.radiance.gdn_norm_quant.default
+_OP = register_library_op("gdn_norm_quant", _gdn_norm_quant_cpu, _gdn_norm_quant_gpu, _gdn_norm_quant_fake)
 
 
 def gdn_norm_quant(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
