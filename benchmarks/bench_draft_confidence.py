@@ -7,9 +7,7 @@ Providers:
   op         torch.ops.radiance.draft_confidence (the custom op: dispatcher + launcher + kernel)
   ours       radiance.kernels.draft_confidence.draft_confidence, the public entry (eager CUDA
              tensors skip the op's dispatch and go to the launcher)
-  direct     draft_confidence_triton (the launcher; cached direct launch, int pointers)
-  jit        the same launcher forced through Triton's per-call JIT launch path (equal to
-             direct unless the cached direct launch is on: DIRECT_LAUNCH or --direct)
+  direct     draft_confidence_triton (the launcher itself)
 
 Four times per provider (µs per call):
   event  one call between CUDA events after an L2 flush (``do_bench``). The flush kernel keeps
@@ -190,24 +188,8 @@ def host_breakdown() -> dict:
     x = inputs(1, torch.bfloat16)[0]
     dev = x.device
     dc.draft_confidence_triton(x, -1)
-    key = next(k for k in dc._LAUNCHES if k[0] == 1 and k[4] == torch.bfloat16 and k[-1] is None)
-    fast, g1, scratch, tail, _ = dc._LAUNCHES[key]
-    outs = (torch.empty(1, dtype=torch.float32, device=dev),
-            torch.empty(1, dtype=torch.float32, device=dev), torch.empty(1, dtype=torch.int64, device=dev))
-    stream = torch._C._cuda_getCurrentRawStream(dev.index)
-    ptrs = [o.data_ptr() for o in outs]
+    outs = (torch.empty(1, dtype=torch.float32, device=dev),)
     f32, i64 = torch.float32, torch.int64
-    g0 = 1
-    if fast is not None:
-        run, function, packed, scratch_ptrs = fast
-
-    def launch_tensors(_):
-        run(g0, g1, 1, stream, function, packed, None, None, None, x, V, V, *scratch, *outs, *tail)
-
-    def launch_ints(_):
-        run(g0, g1, 1, stream, function, packed, None, None, None, x.data_ptr(), V, V,
-            *scratch_ptrs, *ptrs, *tail)
-
     pieces = {
         "torch.empty x1": lambda _: torch.empty(1, dtype=f32, device=dev),
         "torch.empty x3": lambda _: (torch.empty(1, dtype=f32, device=dev),
@@ -222,15 +204,7 @@ def host_breakdown() -> dict:
         "draft_confidence_triton": lambda t: dc.draft_confidence_triton(t, -1),
         "draft_confidence (entry)": lambda t: dc.draft_confidence(t, -1),
         "torch.ops op": lambda t: torch.ops.radiance.draft_confidence(t, -1),
-        "jit launch path": lambda t: dc._launch(t, -1, None, direct=False),
     }
-    if fast is not None:  # the cached direct launch is on (--direct)
-        pieces["launcher(tensor args)"] = launch_tensors
-        pieces["launcher(int pointers)"] = launch_ints
-    if fast is not None and hasattr(run, "launch") and triton_version().startswith("3.6."):
-        pieces["C launch, no CudaLauncher.__call__"] = lambda _: run.launch(
-            g0, g1, 1, stream, function, run.launch_cooperative_grid, run.launch_pdl, None, None,
-            packed, None, None, None, x.data_ptr(), V, V, *scratch_ptrs, *ptrs, *tail)
     out = {}
     for name, fn in pieces.items():
         try:
@@ -252,11 +226,6 @@ def host_breakdown() -> dict:
     return out
 
 
-def triton_version() -> str:
-    import triton
-    return triton.__version__
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", default=None, help="write results here")
@@ -264,10 +233,7 @@ def main(argv=None) -> int:
     p.add_argument("--table", default=None, help="with --tune: also write the table here")
     p.add_argument("--quick", action="store_true", help="fewer shapes and providers")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile provider")
-    p.add_argument("--direct", action="store_true",
-                   help="turn on the cached direct launch (draft_confidence.DIRECT_LAUNCH)")
     args = p.parse_args(argv)
-    dc.DIRECT_LAUNCH = dc.DIRECT_LAUNCH or args.direct
     if not torch.cuda.is_available():
         print("needs a CUDA or ROCm GPU", file=sys.stderr)
         return 2
@@ -316,11 +282,10 @@ def main(argv=None) -> int:
     providers = {"stock": stock, "reference": lambda x: dc.draft_confidence_reference(x, -1),
                  "op": lambda x: torch.ops.radiance.draft_confidence(x, -1),
                  "ours": lambda x: dc.draft_confidence(x, -1),
-                 "direct": lambda x: dc.draft_confidence_triton(x, -1),
-                 "jit": lambda x: dc._launch(x, -1, None, direct=False)}
+                 "direct": lambda x: dc.draft_confidence_triton(x, -1)}
     if not args.no_compile and not args.quick:
         providers["compile"] = torch.compile(lambda x: dc.draft_confidence_reference(x, -1))
-    timed_call = {"stock", "op", "ours", "direct", "jit"}
+    timed_call = {"stock", "op", "ours", "direct"}
     timed_gpu = {"stock", "ours"}
 
     rows = []
@@ -329,7 +294,7 @@ def main(argv=None) -> int:
         x = bufs[0]
         nbytes = x.numel() * x.element_size()
         want = dc.draft_confidence_reference(x, -1)  # correctness on this very input first
-        for name in ("op", "ours", "direct", "jit"):
+        for name in ("op", "ours", "direct"):
             check(providers[name](x), want)
         for name, fn in providers.items():
             try:

@@ -291,18 +291,8 @@ def split_plan(rows: int, n_cols: int, sm_count: int, block: int = DEFAULT_CONFI
 # two launches on one stream are ordered; on two streams they could interleave tickets.
 _SCRATCH: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 _SM_COUNT: dict[int, int] = {}
-# Per call signature: everything a repeat launch needs, so the hot path does no planning and, on
-# CUDA with a Triton whose launcher convention we know, skips Triton's per-call argument binding.
-_LAUNCHES: dict[tuple, list] = {}
-# Triton releases whose CompiledKernel.run(grid0, grid1, grid2, stream, function, packed metadata,
-# launch metadata, enter hook, exit hook, *all args) convention, and whose launchers' acceptance of
-# ints for pointer arguments, were read from their source (3.6 and 3.9).
-_DIRECT_TRITON = ("3.6.", "3.7.", "3.8.", "3.9.")
-# The cached direct launch (above) is off until a GPU run has validated it: the H200 runs of
-# 2026-11-29 never took it (the hook check below was wrong then: Triton 3.6's hooks are an empty
-# HookChain, not None), so its host-time saving is unmeasured. Turn on after
-# ``pytest -m gpu tests/radiance/kernels/test_draft_confidence.py`` passes (it forces it on).
-DIRECT_LAUNCH = False
+# Per call signature: everything a repeat launch needs, so the hot path does no planning.
+_LAUNCHES: dict[tuple, tuple] = {}
 
 
 def _scratch(device: torch.device, stream: int, rows: int):
@@ -330,23 +320,8 @@ def _sm_count(device: torch.device) -> int:
     return n
 
 
-def _no_hook(hook) -> bool:
-    # None, or (Triton >= 3.6) a HookChain with nothing in it
-    return hook is None or (hasattr(hook, "calls") and not hook.calls)
-
-
-def _direct_ok(device: torch.device) -> bool:
-    if not DIRECT_LAUNCH or device.type != "cuda" or torch.version.hip \
-            or not triton.__version__.startswith(_DIRECT_TRITON):
-        return False
-    from triton import knobs
-    # a profiler's launch hooks need Triton's own launch path
-    return _no_hook(knobs.runtime.launch_enter_hook) and _no_hook(knobs.runtime.launch_exit_hook)
-
-
-def _launch(logits: torch.Tensor, n_valid: int, config: Config | None = None, direct: bool = True):
-    """``config`` None = the device table's (or the default) for this batch; ``direct`` False
-    always goes through Triton's JIT launch (the benchmark compares the two paths)."""
+def _launch(logits: torch.Tensor, n_valid: int, config: Config | None = None):
+    """``config`` None = the device table's (or the default) for this batch."""
     if triton is None:
         raise RuntimeError("the draft_confidence Triton kernel needs triton")
     if logits.dim() != 2:
@@ -373,26 +348,14 @@ def _launch(logits: torch.Tensor, n_valid: int, config: Config | None = None, di
         cfg = config or config_for(rows, dev)
         split_cols, nsplit = split_plan(rows, max(n_cols, 1), _sm_count(dev), cfg.block,
                                         cfg.programs_per_sm, cfg.unroll)
-        # [direct launch (filled after the first JIT launch), grid, scratch (kept alive here: a
-        # grown _SCRATCH replaces it), the trailing args, warps]
-        plan = _LAUNCHES[key] = [None, nsplit, _scratch(dev, stream, rows),
+        # (grid, scratch (kept alive here: a grown _SCRATCH replaces it), trailing args, warps)
+        plan = _LAUNCHES[key] = (nsplit, _scratch(dev, stream, rows),
                                  (split_cols, cfg.block, cfg.unroll, MAX_SPLITS, cfg.stages),
-                                 cfg.num_warps]
-    fast, nsplit, scratch, tail, warps = plan
-    if direct and fast is not None and torch._C._cuda_getDevice() == dev.index:
-        run, function, packed, scratch_ptrs = fast
-        # Pointers as ints: the launcher then skips, per pointer, a data_ptr() call and a
-        # cuPointerGetAttribute driver call (the scratch pointers are fixed, so precomputed).
-        run(rows, nsplit, 1, stream, function, packed, None, None, None,
-            logits.data_ptr(), stride, n_valid, *scratch_ptrs, out_max.data_ptr(),
-            out_sum.data_ptr(), out_idx.data_ptr(), *tail)
-        return out_max, out_sum, out_idx
-    compiled = _draft_confidence_kernel[(rows, nsplit)](
+                                 cfg.num_warps)
+    nsplit, scratch, tail, warps = plan
+    _draft_confidence_kernel[(rows, nsplit)](
         logits, stride, n_valid, *scratch, out_max, out_sum, out_idx, *tail, num_warps=warps,
     )
-    if fast is None and on_cuda and _direct_ok(dev) and torch.cuda.current_device() == dev.index:
-        plan[0] = (compiled.run, compiled.function, compiled.packed_metadata,  # .run loads it
-                   tuple(t.data_ptr() for t in scratch))
     return out_max, out_sum, out_idx
 
 
