@@ -53,7 +53,6 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.linear import (
     LinearBase,
-    LinearMethodBase,
     UnquantizedLinearMethod,
     register_weight_loader_v2_supported_method,
 )
@@ -69,12 +68,11 @@ from vllm.model_executor.layers.quantization.utils.w8a8_utils import (
 )
 from vllm.model_executor.parameter import BlockQuantScaleParameter
 
-from radiance.kernels.add_rms_quant import quantize_reference
 from radiance.kernels.dispatch import fp8_dtype_for_device
 from radiance.kernels.fp8_gemm import scaled_mm
 
 from .activation import Fp8Activation
-from .linear import Fp8StreamConfig
+from .linear import Fp8InputMethod, Fp8StreamConfig, as_codes
 from .plan import FP8_INPUT_ATTR, Fp8Input
 
 GROUP = 128
@@ -109,26 +107,12 @@ def device_fp8_dtype(device: torch.device) -> torch.dtype:
     return dtype
 
 
-def _as_2d(x: torch.Tensor | Fp8Activation, fp8_dtype: torch.dtype):
-    """(codes [M, K], group-128 scales [M, K/128], out dtype, leading dims)."""
-    if isinstance(x, Fp8Activation):
-        if x.q.dtype != fp8_dtype:
-            raise ValueError(f"Fp8Activation in {x.q.dtype}, this linear takes {fp8_dtype}")
-        return x.q.reshape(-1, x.q.shape[-1]), x.scale, x.dtype, x.q.shape[:-1]
-    q, scale = quantize_reference(x.reshape(-1, x.shape[-1]), GROUP, fp8_dtype)
-    return q, scale, x.dtype, x.shape[:-1]
-
-
 @register_weight_loader_v2_supported_method
-class BlockFp8StreamLinearMethod(LinearMethodBase):
+class BlockFp8StreamLinearMethod(Fp8InputMethod):
     """W8A8: the checkpoint's 128x128-block fp8 weights, fp8 activations per group of 128."""
 
     def __init__(self) -> None:
         setattr(self, FP8_INPUT_ATTR, Fp8Input(GROUP, CHECKPOINT_FP8))
-
-    @property
-    def fp8_input(self) -> Fp8Input:
-        return getattr(self, FP8_INPUT_ATTR)
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
@@ -165,28 +149,23 @@ class BlockFp8StreamLinearMethod(LinearMethodBase):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor | Fp8Activation,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        q, scale, out_dtype, lead = _as_2d(x, self.fp8_input.fp8_dtype)
+        q, scale, out_dtype, lead = as_codes(x, self.fp8_input)
         out = scaled_mm(q, scale, layer.weight, layer.weight_scale_inv, out_dtype, bias)
         return out.reshape(*lead, out.shape[-1])
 
 
-class KeptLinearMethod(LinearMethodBase):
+class KeptLinearMethod(Fp8InputMethod):
     """A consumer the checkpoint keeps in bf16: exact weights, the group-128 fp8 input
     dequantised into a bf16 GEMM (see the module doc for why not online block-fp8)."""
 
     def __init__(self) -> None:
         setattr(self, FP8_INPUT_ATTR, Fp8Input(GROUP, CHECKPOINT_FP8))
 
-    @property
-    def fp8_input(self) -> Fp8Input | None:
-        return getattr(self, FP8_INPUT_ATTR)
-
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
                        params_dtype: torch.dtype, **extra_weight_attrs) -> None:
-        UnquantizedLinearMethod.create_weights(self, layer, input_size_per_partition,
-                                               output_partition_sizes, input_size, output_size,
-                                               params_dtype, **extra_weight_attrs)
+        super().create_weights(layer, input_size_per_partition, output_partition_sizes,
+                               input_size, output_size, params_dtype, **extra_weight_attrs)
         spec = None
         if input_size_per_partition % GROUP == 0:
             spec = Fp8Input(GROUP, device_fp8_dtype(layer.weight.device))
@@ -200,7 +179,7 @@ class KeptLinearMethod(LinearMethodBase):
         spec = self.fp8_input
         if spec is None:
             return torch.nn.functional.linear(x, layer.weight, bias)
-        q, scale, out_dtype, lead = _as_2d(x, spec.fp8_dtype)
+        q, scale, out_dtype, lead = as_codes(x, spec)
         m, k = q.shape
         a = (q.to(torch.float32).view(m, k // GROUP, GROUP) * scale.unsqueeze(-1)).view(m, k)
         out = torch.nn.functional.linear(a.to(out_dtype), layer.weight, bias)

@@ -62,24 +62,41 @@ def skipped(prefix: str) -> bool:
     return prefix.endswith(SKIPPED_SUFFIXES)
 
 
-class Fp8StreamLinearMethod(LinearMethodBase):
-    """W8A8: fp8 weights per output channel, fp8 activations per token."""
+def as_codes(x: torch.Tensor | Fp8Activation, spec: Fp8Input):
+    """A linear's input as (codes [M, K], scales, out dtype, leading dims): an epilogue's
+    ``Fp8Activation`` as it is (it must be in the format the linear declared), a tensor quantised
+    here with the epilogue's own quantiser in the declared format."""
+    if isinstance(x, Fp8Activation):
+        if x.q.dtype != spec.fp8_dtype:
+            raise ValueError(f"Fp8Activation in {x.q.dtype}, this linear takes {spec.fp8_dtype}")
+        return x.q.reshape(-1, x.q.shape[-1]), x.scale, x.dtype, x.q.shape[:-1]
+    q, scale = quantize_reference(x.reshape(-1, x.shape[-1]), spec.group_size, spec.fp8_dtype)
+    return q, scale, x.dtype, x.shape[:-1]
 
-    def __init__(self) -> None:
-        # Default until the weights are processed; then the device's format.
-        setattr(self, FP8_INPUT_ATTR, Fp8Input(0, torch.float8_e4m3fn))
+
+class Fp8InputMethod(LinearMethodBase):
+    """A linear method that declares the pre-quantised input it takes (``radiance_fp8_input``,
+    read by plan.py). Its weight is created as the checkpoint stores a bf16 linear, sharded and
+    loaded exactly like the unquantised method; subclasses that load something else override."""
 
     @property
-    def fp8_input(self) -> Fp8Input:
+    def fp8_input(self) -> Fp8Input | None:
         return getattr(self, FP8_INPUT_ATTR)
 
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
                        params_dtype: torch.dtype, **extra_weight_attrs) -> None:
-        # The checkpoint's bf16 weight, sharded and loaded exactly like the unquantised method.
         UnquantizedLinearMethod.create_weights(self, layer, input_size_per_partition,
                                                output_partition_sizes, input_size, output_size,
                                                params_dtype, **extra_weight_attrs)
+
+
+class Fp8StreamLinearMethod(Fp8InputMethod):
+    """W8A8: fp8 weights per output channel, fp8 activations per token."""
+
+    def __init__(self) -> None:
+        # Default until the weights are processed; then the device's format.
+        setattr(self, FP8_INPUT_ATTR, Fp8Input(0, torch.float8_e4m3fn))
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         weight = layer.weight.data
@@ -92,15 +109,8 @@ class Fp8StreamLinearMethod(LinearMethodBase):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor | Fp8Activation,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        if isinstance(x, Fp8Activation):
-            q, scale, out_dtype = x.q, x.scale, x.dtype
-            lead = q.shape[:-1]
-        else:
-            lead = x.shape[:-1]
-            q, scale = quantize_reference(x.reshape(-1, x.shape[-1]), 0, self.fp8_input.fp8_dtype)
-            out_dtype = x.dtype
-        out = scaled_mm(q.reshape(-1, q.shape[-1]), scale, layer.weight, layer.weight_scale,
-                        out_dtype, bias)
+        q, scale, out_dtype, lead = as_codes(x, self.fp8_input)
+        out = scaled_mm(q, scale, layer.weight, layer.weight_scale, out_dtype, bias)
         return out.reshape(*lead, out.shape[-1])
 
 
