@@ -13,7 +13,7 @@ every decoder linear gets one of:
     scales are created, sharded and loaded exactly as vLLM's Fp8LinearMethod does (its
     parameter helpers, ``validate_fp8_block_shape``, weight_loader_v2 with block-scale shard
     offsets) and kept as loaded, ``[N, K]`` + block scales, no re-layout. ``apply`` takes a
-    tensor (quantised per token-group of 128 with ``quantize_reference``, the quantiser of the
+    tensor (quantised per token-group of 128 with ``quant_fp8``, the quantiser of the
     add_rms_quant epilogue in its group mode) or an ``Fp8Activation`` with group-128 scales;
     GEMM ``fp8_gemm`` group x block. Declares ``Fp8Input(128, fp8 dtype)``.
   * ``KeptLinearMethod`` -- a linear the checkpoint leaves in bf16 that reads a streamed site

@@ -12,8 +12,9 @@ decided by the checkpoint:
 * bf16 checkpoint (no ``quantization_config``; ``from_config`` returns this class): weights
   quantised at ``process_weights_after_loading`` (after the TP shard was loaded, so each
   rank's rows get their own scales), per output channel, fp8 format of the device
-  (``fp8_dtype_for_device``); activations per token with ``quantize_reference``, the quant
-  half of ``add_rms_quant`` (vLLM's QuantFP8 arithmetic). Declares ``Fp8Input(0, dtype)``.
+  (``fp8_dtype_for_device``); activations per token with ``quant_fp8`` (the quant half of
+  ``add_rms_quant``, vLLM's QuantFP8 arithmetic; one launch on a GPU, ``quantize_reference``
+  on CPU). Declares ``Fp8Input(0, dtype)``.
 * block-fp8 checkpoint (``quant_method: fp8``, dynamic activations, ``weight_block_size:
   [128, 128]``): ``override_quantization_method`` -- vLLM's ModelConfig asks every registered
   config while resolving ``--quantization`` against the checkpoint's ``quantization_config``
@@ -47,6 +48,7 @@ from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from radiance.kernels.add_rms_quant import quantize_reference
+from radiance.kernels.quant_fp8 import quant_fp8
 from radiance.kernels.dispatch import fp8_dtype_for_device
 from radiance.kernels.fp8_gemm import scaled_mm
 
@@ -70,7 +72,7 @@ def as_codes(x: torch.Tensor | Fp8Activation, spec: Fp8Input):
         if x.q.dtype != spec.fp8_dtype:
             raise ValueError(f"Fp8Activation in {x.q.dtype}, this linear takes {spec.fp8_dtype}")
         return x.q.reshape(-1, x.q.shape[-1]), x.scale, x.dtype, x.q.shape[:-1]
-    q, scale = quantize_reference(x.reshape(-1, x.shape[-1]), spec.group_size, spec.fp8_dtype)
+    q, scale = quant_fp8(x.reshape(-1, x.shape[-1]), spec.group_size, spec.fp8_dtype)
     return q, scale, x.dtype, x.shape[:-1]
 
 

@@ -148,7 +148,7 @@ def quantize_reference(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype
     m, k = x.shape
     fmax = FP8_MAX[fp8_dtype]
     xf = x.to(torch.float32)
-    xg = xf.view(m, k // group_size, group_size) if group_size else xf.view(m, 1, k)
+    xg = xf.reshape(m, k // group_size, group_size) if group_size else xf.reshape(m, 1, k)
     amax = xg.abs().amax(dim=-1)
     scale = div_rn(amax, fmax).clamp(min=min_scale(fp8_dtype))
     inv = div_rn(torch.ones_like(scale), scale)

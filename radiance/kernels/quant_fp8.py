@@ -1,0 +1,159 @@
+"""Dynamic fp8 quantisation of an activation in one launch: ``quant_fp8(x, group_size=0,
+fp8_dtype=None) -> (q [M, K], scale [M, 1] or [M, K/128])``.
+
+The quant half of ``add_rms_quant`` on its own, for the W8A8 linears of ``radiance_fp8`` that
+are handed a plain tensor (every input no epilogue produces: o_proj, down_proj, GDN out_proj,
+and all of them when fp8-stream is off). The arithmetic is ``quantize_reference``'s (vLLM's
+QuantFP8.forward_native: amax, ``scale = max(amax / FP8_MAX, min)``, ``1 / scale`` correctly
+rounded, multiply, clamp, round to nearest even), so the codes and scales are the reference's
+bit for bit; the reference is the CPU implementation. On a GPU the reference costs about a
+dozen launches per call, two of them float64 divisions, which is why this kernel exists.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import aot
+from .add_rms_quant import (
+    FP8_DTYPES,
+    SUPPORTED_GROUPS,
+    aot_options,
+    check_group,
+    interpreting,
+    launch_params,
+    native_constexprs,
+    quant_constexprs,
+    quantize_reference,
+    resolve_fp8_dtype,
+    scale_shape,
+)
+from .dispatch import register_library_op
+
+try:
+    import triton
+    import triton.language as tl
+
+    from .add_rms_quant import _cols, _quant_row
+except ImportError:  # pragma: no cover - CPU images without Triton
+    triton = None
+    tl = None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _load_part(x_ptr, row, stride, K, OFF: tl.constexpr, BLOCK: tl.constexpr):
+        cols = _cols(OFF, BLOCK)
+        return tl.load(x_ptr + row * stride + cols, mask=cols < K, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _quant_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride,
+                          FMAX: tl.constexpr, MIN_SCALE: tl.constexpr, GROUP: tl.constexpr,
+                          FNUZ: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr,
+                          HW_FP8: tl.constexpr = False):
+        # Rows held as add_rms_quant holds them ([BLOCK / 8, 8], two power-of-two parts), so the
+        # shared quantiser stores codes in the layout the loads took.
+        row = tl.program_id(0).to(tl.int64)
+        xa = _load_part(x_ptr, row, stride, K, 0, BLOCK_A)
+        xb = xa  # placeholder when there is no second part (never read)
+        if BLOCK_B > 0:
+            xb = _load_part(x_ptr, row, stride, K, BLOCK_A, BLOCK_B)
+        _quant_row(xa, xb, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A, BLOCK_B,
+                   HW_FP8)
+
+
+def _check(x: torch.Tensor, group_size: int) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"quant_fp8 takes [M, K], got {tuple(x.shape)}")
+    check_group(group_size, x.shape[1])
+
+
+_PLANS: dict[tuple, tuple[dict, int, bool]] = {}
+
+
+def _plan(k: int, group_size: int, fp8_dtype: torch.dtype, device: torch.device):
+    key = (k, group_size, fp8_dtype, device)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if fp8_dtype not in FP8_DTYPES:
+            raise ValueError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+        block_a, block_b, _, num_warps = launch_params(k)
+        consts = {**quant_constexprs(group_size, fp8_dtype), "BLOCK_A": block_a,
+                  "BLOCK_B": block_b, "HW_FP8": native_constexprs(device, fp8_dtype)["HW_FP8"]}
+        # The interpreter has no fp8 pointers, and Triton on NVIDIA none of the fnuz format.
+        as_bytes = interpreting() or (fp8_dtype == torch.float8_e4m3fnuz and torch.version.hip is None)
+        plan = _PLANS[key] = (consts, num_warps, as_bytes)
+    return plan
+
+
+def quant_fp8_triton(x: torch.Tensor, group_size: int = 0, fp8_dtype: torch.dtype | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    fp8_dtype = resolve_fp8_dtype(fp8_dtype, x.device)
+    _check(x, group_size)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    consts, num_warps, as_bytes = _plan(k, group_size, fp8_dtype, x.device)
+    q = torch.empty((m, k), dtype=fp8_dtype, device=x.device)
+    scale = torch.empty(scale_shape(m, k, group_size), dtype=torch.float32, device=x.device)
+    if m:
+        _quant_fp8_kernel[(m,)](x, q.view(torch.uint8) if as_bytes else q, scale, k, x.stride(0),
+                                num_warps=num_warps, enable_fp_fusion=False, **consts)
+    return q, scale
+
+
+# Library-registered (see add_rms_quant.py): this sits in front of every plain-tensor W8A8 linear.
+
+def _quant_fp8_gpu(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    if triton is None:
+        return _quant_fp8_cpu(x, group_size, fp8_dtype)
+    return quant_fp8_triton(x, group_size, fp8_dtype)
+
+
+def _quant_fp8_cpu(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    _check(x, group_size)
+    return quantize_reference(x, group_size, fp8_dtype)
+
+
+def _quant_fp8_fake(x, group_size, fp8_dtype):
+    _check(x, group_size)
+    m, k = x.shape
+    return (x.new_empty((m, k), dtype=fp8_dtype),
+            x.new_empty(scale_shape(m, k, group_size), dtype=torch.float32))
+
+
+_OP = register_library_op("quant_fp8", _quant_fp8_cpu, _quant_fp8_gpu, _quant_fp8_fake)
+
+
+def quant_fp8(x: torch.Tensor, group_size: int = 0, fp8_dtype: torch.dtype | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [M, K] fp8, scale [M, 1] or [M, K/128] fp32) of ``x`` [M, K], as quantize_reference."""
+    return _OP(x, int(group_size), resolve_fp8_dtype(fp8_dtype, x.device))
+
+
+# AOT: the hidden sizes (q/k/v and gate_up inputs) and per-rank o_proj / down_proj inputs of the
+# Qwen3-Next family at TP 1-4, and the tiny test models' widths.
+AOT_WIDTHS = (256, 512, 1024, 2048, 4096, 5120)
+
+
+def _register_aot() -> None:
+    if triton is None:
+        return
+    for k in AOT_WIDTHS:
+        block_a, block_b, _, num_warps = launch_params(k)
+        for fp8_dtype in FP8_DTYPES:
+            for group in SUPPORTED_GROUPS:
+                consts = {**quant_constexprs(group, fp8_dtype), "BLOCK_A": block_a,
+                          "BLOCK_B": block_b, "HW_FP8": False}
+                fmt = "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
+                aot.register(aot.AotSpec(
+                    name=f"quant_fp8[bf16,K{k},{fmt},g{group}]", feature="fp8_stream",
+                    kernel=_quant_fp8_kernel,
+                    signature={"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*fp32", "K": "i32",
+                               "stride": "i32", **{c: "constexpr" for c in consts}},
+                    constexprs=consts, num_warps=num_warps, **aot_options()))
+
+
+_register_aot()
