@@ -1,7 +1,7 @@
 """Benchmark the fused add + RMSNorm + fp8 quant epilogue against what it replaces.
 
     python benchmarks/bench_add_rms_quant.py [--json OUT.json] [--ms 8,16,32,64] [--ks 2048,5120]
-        [--modes graph,eager,host] [--groups 0,128] [--sweep]
+        [--modes graph,eager,host] [--groups 0,128] [--sweep] [--host-breakdown]
 
 Providers (bf16 activations, e4m3fn, M decode-sized; per token, and per group of 128 where
 ``--groups`` has 128):
@@ -9,6 +9,8 @@ Providers (bf16 activations, e4m3fn, M decode-sized; per token, and per group of
   eager          stock chain in eager PyTorch: vLLM 0.32.0 GemmaRMSNorm.forward_native's
                  arithmetic (fused_add_rms_norm native) + QuantFP8.forward_native
   compile_stock  torch.compile(M dynamic) of that stock chain (what vLLM's inductor does)
+  compile_reference  torch.compile(M dynamic) of add_rms_quant_reference (the bit-exact
+                 PyTorch reference; the baseline the issue names)
   ours           add_rms_quant_triton (one launch, cached per-shape plan)
   ours_op        torch.ops.radiance.add_rms_quant (Library-registered op, what callers use)
   ours_custom_op the same kernel behind a torch.library.custom_op (the previous registration)
@@ -17,7 +19,9 @@ time only), ``eager`` = triton.testing.do_bench (events around each call after a
 flush hides host time shorter than itself), ``host`` = events around 200 back-to-back calls,
 per call (what a caller sees when the host is the bottleneck: launch path included).
 ``kernels``: GPU kernels per call (profiler). ``--sweep``: graph-mode time of ours at M=8 for
-several num_warps per K (bit-exactness checked for each).
+several num_warps per K (bit-exactness checked for each). ``--host-breakdown``: host µs per call
+of each piece of the launch path (empty launch, allocations, the launch alone, the function,
+the op).
 """
 from __future__ import annotations
 
@@ -117,6 +121,44 @@ def sweep(ks, modes) -> list[dict]:
     return rows
 
 
+def host_breakdown(ks, n: int = 2000) -> list[dict]:
+    """Host microseconds per call of each piece of the launch path (perf_counter over n calls,
+    GPU not waited for): where a caller's time goes when the host is the bottleneck."""
+    import time
+    rows = []
+    floor = empty_launch()
+    for k in ks:
+        y, r, w = inputs(8, k)
+        arq._PLANS.clear()
+        got = arq.add_rms_quant_triton(y, r, w, EPS, 0, FP8)
+        plan = next(iter(arq._PLANS.values()))
+        q, scale, new_r = (torch.empty_like(t) for t in got)
+        pieces = {
+            "empty Triton launch": floor,
+            "torch.empty x1": lambda: torch.empty((8, k), dtype=FP8, device="cuda"),
+            "torch.empty x3": lambda: (torch.empty((8, k), dtype=FP8, device="cuda"),
+                                       torch.empty((8, 1), dtype=torch.float32, device="cuda"),
+                                       torch.empty((8, k), dtype=torch.bfloat16, device="cuda")),
+            "plan.launch (outputs given)": lambda: plan.launch(8, y, r, w, q, scale, new_r, EPS),
+            "add_rms_quant_triton": lambda: arq.add_rms_quant_triton(y, r, w, EPS, 0, FP8),
+            "torch.ops.radiance.add_rms_quant": lambda: torch.ops.radiance.add_rms_quant(y, r, w, EPS, 0, FP8),
+        }
+        for name, fn in pieces.items():
+            fn()
+            torch.cuda.synchronize()
+            best = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                best.append((time.perf_counter() - t0) / n * 1e6)
+                torch.cuda.synchronize()
+            row = {"K": k, "piece": name, "host_us": sorted(best)[len(best) // 2]}
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
 def inputs(m, k, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     y = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -133,6 +175,7 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="graph,eager,host")
     p.add_argument("--groups", default="0,128")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--host-breakdown", action="store_true")
     args = p.parse_args(argv)
     ms = [int(x) for x in args.ms.split(",")]
     ks = [int(x) for x in args.ks.split(",")]
@@ -140,11 +183,14 @@ def main(argv=None) -> int:
     modes = args.modes.split(",")
 
     sweep_rows = sweep(ks, ["graph"]) if args.sweep else []
+    host_rows = host_breakdown(ks) if args.host_breakdown else []
 
     floor = empty_launch()
     rows = []
     for group in groups:
         compiled_stock = compile_m_dynamic(lambda y, r, w, g=group: stock_chain(y, r, w, EPS, g))
+        compiled_ref = compile_m_dynamic(
+            lambda y, r, w, g=group: arq.add_rms_quant_reference(y, r, w, EPS, g, FP8))
         for k in ks:
             for m in ms:
                 y, r, w = inputs(m, k)
@@ -154,6 +200,7 @@ def main(argv=None) -> int:
                     "floor": floor,
                     "eager": lambda a=a: stock_chain(*a[:5]),
                     "compile_stock": lambda a=a, c=compiled_stock: c(*a[:3]),
+                    "compile_reference": lambda a=a, c=compiled_ref: c(*a[:3]),
                     "ours": lambda a=a: arq.add_rms_quant_triton(*a),
                     "ours_op": lambda a=a: torch.ops.radiance.add_rms_quant(*a),
                     "ours_custom_op": lambda a=a: torch.ops.radiance_bench.add_rms_quant_custom_op(*a),
@@ -161,8 +208,14 @@ def main(argv=None) -> int:
                 for name, fn in providers.items():
                     arq._PLANS.clear()
                     row = {"M": m, "K": k, "group": group, "provider": name}
-                    for mode in modes:
-                        row[f"{mode}_us"] = timed(fn, mode)
+                    try:
+                        for mode in modes:
+                            row[f"{mode}_us"] = timed(fn, mode)
+                    except Exception as exc:  # e.g. the compiler refusing the reference
+                        row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                        rows.append(row)
+                        print(row, flush=True)
+                        continue
                     try:
                         row["kernels"] = count_kernels(fn)
                     except RuntimeError as exc:  # profiler unavailable
@@ -171,14 +224,15 @@ def main(argv=None) -> int:
                 arq._PLANS.clear()
                 by = {r_["provider"]: r_ for r_ in rows[-len(providers):]}
                 for mode in modes:
-                    ours = by["ours"][f"{mode}_us"]
-                    by["ours"][f"{mode}_vs_compile_stock"] = by["compile_stock"][f"{mode}_us"] / ours
-                    by["ours"][f"{mode}_vs_floor"] = ours / by["floor"][f"{mode}_us"]
-                    by["ours_op"][f"{mode}_vs_compile_stock"] = by["compile_stock"][f"{mode}_us"] / by["ours_op"][f"{mode}_us"]
-                    by["ours_op"][f"{mode}_vs_floor"] = by["ours_op"][f"{mode}_us"] / by["floor"][f"{mode}_us"]
+                    for who in ("ours", "ours_op"):
+                        t = by[who][f"{mode}_us"]
+                        for base in ("compile_stock", "compile_reference"):
+                            if by[base].get(f"{mode}_us") is not None:
+                                by[who][f"{mode}_vs_{base}"] = by[base][f"{mode}_us"] / t
+                        by[who][f"{mode}_vs_floor"] = t / by["floor"][f"{mode}_us"]
                 print_table(rows[-len(providers):], ["M", "K", "group", "provider", "kernels"]
                             + [f"{m_}_us" for m_ in modes]
-                            + [f"{m_}_vs_{s}" for m_ in modes for s in ("compile_stock", "floor")])
+                            + [f"{m_}_vs_{s}" for m_ in modes for s in ("compile_stock", "compile_reference", "floor")])
     # Launches per decoder layer: Qwen3-Next has two norm sites per layer (input_layernorm,
     # post_attention_layernorm), each followed by the quant of the linear it feeds.
     per_site = {r_["provider"]: r_["kernels"] for r_ in rows if r_["M"] == ms[0] and r_["K"] == ks[0]
@@ -188,11 +242,11 @@ def main(argv=None) -> int:
     print("# norm+quant launches per decoder layer (2 sites):", layer)
     print("\n# all rows")
     print_table(rows, ["M", "K", "group", "provider", "kernels"] + [f"{m_}_us" for m_ in modes]
-                + [f"{m_}_vs_{s}" for m_ in modes for s in ("compile_stock", "floor")])
+                + [f"{m_}_vs_{s}" for m_ in modes for s in ("compile_stock", "compile_reference", "floor")])
     write_json(args.json, "add_rms_quant", rows,
                {"note": "bf16, e4m3fn; *_vs_compile_stock: speed-up over torch.compile of the stock "
                         "chain; *_vs_floor: time / empty launch", "sweep": sweep_rows,
-                "launches_per_decoder_layer": layer})
+                "launches_per_decoder_layer": layer, "host_breakdown": host_rows})
     return 0
 
 
