@@ -37,7 +37,8 @@ Pieces:
                  ``_output_projection``: ``gdn_norm_quant`` (norm + gate + fp8 quant, one
                  launch) hands out_proj an Fp8Activation. Refused layers stay stock; the install
                  line counts the epilogues and names each refusal once.
-Kernels: radiance/kernels/add_rms_quant.py, silu_mul_quant.py, gdn_norm_quant.py, fp8_gemm.py.
+Kernels: radiance/kernels/add_rms_quant.py, silu_mul_quant.py, gdn_norm_quant.py, fp8_gemm.py,
+quant_fp8.py (the consumers' quantiser for plain-tensor inputs).
 
 Serving it: ``--quantization radiance_fp8`` (bf16 or block-fp8 checkpoint) and
 RADIANCE_FP8_STREAM=1, TP > 1. Consumers that qualify: full-attention qkv_proj, the GDN's

@@ -33,7 +33,7 @@ try:
     import triton
     import triton.language as tl
 
-    from .add_rms_quant import _cols, _quant_row
+    from .add_rms_quant import _cols, _fp8_store, _quant_row
 except ImportError:  # pragma: no cover - CPU images without Triton
     triton = None
     tl = None
@@ -62,6 +62,34 @@ if triton is not None:
                    HW_FP8)
 
 
+    @triton.jit
+    def _quant_fp8_group_kernel(x_ptr, q_ptr, s_ptr, K, stride,
+                                FMAX: tl.constexpr, MIN_SCALE: tl.constexpr, GROUP: tl.constexpr,
+                                FNUZ: tl.constexpr, BLOCK: tl.constexpr,
+                                HW_FP8: tl.constexpr = False):
+        # Groups are independent, so a row is split over programs (BLOCK // GROUP groups each):
+        # one program per row left prefill-sized batches with wide rows slower than
+        # torch.compile (docs/benchmarks.md). Same arithmetic as _group_quant_store.
+        row = tl.program_id(0).to(tl.int64)
+        off = tl.program_id(1) * BLOCK
+        NG: tl.constexpr = BLOCK // GROUP
+        gi = tl.arange(0, NG)
+        cols = off + gi[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+        mask = cols < K
+        x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(x), axis=1)
+        scale = tl.maximum(tl.math.div_rn(amax, FMAX), MIN_SCALE)
+        inv = tl.math.div_rn(tl.full([NG], 1.0, tl.float32), scale)
+        v = tl.minimum(tl.maximum(x * inv[:, None], -FMAX), FMAX)
+        _fp8_store(q_ptr + row * K + cols, v, mask, FNUZ, HW_FP8)
+        n_groups = K // GROUP
+        g = off // GROUP + gi
+        tl.store(s_ptr + row * n_groups + g, scale, mask=g < n_groups)
+
+
+GROUP_BLOCK = 1024  # columns per program of the group kernel (8 groups of 128)
+
+
 def _check(x: torch.Tensor, group_size: int) -> None:
     if x.dim() != 2:
         raise ValueError(f"quant_fp8 takes [M, K], got {tuple(x.shape)}")
@@ -77,9 +105,13 @@ def _plan(k: int, group_size: int, fp8_dtype: torch.dtype, device: torch.device)
     if plan is None:
         if fp8_dtype not in FP8_DTYPES:
             raise ValueError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
-        block_a, block_b, _, num_warps = launch_params(k)
-        consts = {**quant_constexprs(group_size, fp8_dtype), "BLOCK_A": block_a,
-                  "BLOCK_B": block_b, "HW_FP8": native_constexprs(device, fp8_dtype)["HW_FP8"]}
+        consts = {**quant_constexprs(group_size, fp8_dtype),
+                  "HW_FP8": native_constexprs(device, fp8_dtype)["HW_FP8"]}
+        if group_size:
+            consts["BLOCK"], num_warps = GROUP_BLOCK, 4
+        else:
+            block_a, block_b, _, num_warps = launch_params(k)
+            consts.update(BLOCK_A=block_a, BLOCK_B=block_b)
         # The interpreter has no fp8 pointers, and Triton on NVIDIA none of the fnuz format.
         as_bytes = interpreting() or (fp8_dtype == torch.float8_e4m3fnuz and torch.version.hip is None)
         plan = _PLANS[key] = (consts, num_warps, as_bytes)
@@ -97,8 +129,10 @@ def quant_fp8_triton(x: torch.Tensor, group_size: int = 0, fp8_dtype: torch.dtyp
     q = torch.empty((m, k), dtype=fp8_dtype, device=x.device)
     scale = torch.empty(scale_shape(m, k, group_size), dtype=torch.float32, device=x.device)
     if m:
-        _quant_fp8_kernel[(m,)](x, q.view(torch.uint8) if as_bytes else q, scale, k, x.stride(0),
-                                num_warps=num_warps, enable_fp_fusion=False, **consts)
+        kernel, grid = ((_quant_fp8_group_kernel, (m, triton.cdiv(k, GROUP_BLOCK))) if group_size
+                        else (_quant_fp8_kernel, (m,)))
+        kernel[grid](x, q.view(torch.uint8) if as_bytes else q, scale, k, x.stride(0),
+                     num_warps=num_warps, enable_fp_fusion=False, **consts)
     return q, scale
 
 
@@ -142,15 +176,19 @@ def _register_aot() -> None:
     if triton is None:
         return
     for k in AOT_WIDTHS:
-        block_a, block_b, _, num_warps = launch_params(k)
+        block_a, block_b, _, token_warps = launch_params(k)
         for fp8_dtype in FP8_DTYPES:
             for group in SUPPORTED_GROUPS:
-                consts = {**quant_constexprs(group, fp8_dtype), "BLOCK_A": block_a,
-                          "BLOCK_B": block_b, "HW_FP8": False}
+                consts = {**quant_constexprs(group, fp8_dtype), "HW_FP8": False}
+                if group:
+                    consts["BLOCK"], num_warps, kernel = GROUP_BLOCK, 4, _quant_fp8_group_kernel
+                else:
+                    consts.update(BLOCK_A=block_a, BLOCK_B=block_b)
+                    num_warps, kernel = token_warps, _quant_fp8_kernel
                 fmt = "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
                 aot.register(aot.AotSpec(
                     name=f"quant_fp8[bf16,K{k},{fmt},g{group}]", feature="fp8_stream",
-                    kernel=_quant_fp8_kernel,
+                    kernel=kernel,
                     signature={"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*fp32", "K": "i32",
                                "stride": "i32", **{c: "constexpr" for c in consts}},
                     constexprs=consts, num_warps=num_warps, **aot_options()))
