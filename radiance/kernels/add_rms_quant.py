@@ -311,7 +311,7 @@ if triton is not None:
         return scale, tl.math.div_rn(1.0, scale)
 
     @triton.jit
-    def _group_quant_store(xf, row, q_ptr, s_ptr, K, OFF: tl.constexpr, FMAX: tl.constexpr,
+    def _group_quant_store(xf, row, q_ptr, s_ptr, K, OFF, FMAX: tl.constexpr,
                            MIN_SCALE: tl.constexpr, GROUP: tl.constexpr, FNUZ: tl.constexpr,
                            BLOCK: tl.constexpr, HW_FP8: tl.constexpr = False):
         """Per-group quant of the columns [OFF, OFF + BLOCK) (OFF a multiple of GROUP). A row

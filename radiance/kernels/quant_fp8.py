@@ -33,7 +33,7 @@ try:
     import triton
     import triton.language as tl
 
-    from .add_rms_quant import _cols, _fp8_store, _quant_row
+    from .add_rms_quant import _cols, _group_quant_store, _quant_row
 except ImportError:  # pragma: no cover - CPU images without Triton
     triton = None
     tl = None
@@ -61,7 +61,6 @@ if triton is not None:
         _quant_row(xa, xb, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A, BLOCK_B,
                    HW_FP8)
 
-
     @triton.jit
     def _quant_fp8_group_kernel(x_ptr, q_ptr, s_ptr, K, stride,
                                 FMAX: tl.constexpr, MIN_SCALE: tl.constexpr, GROUP: tl.constexpr,
@@ -69,22 +68,12 @@ if triton is not None:
                                 HW_FP8: tl.constexpr = False):
         # Groups are independent, so a row is split over programs (BLOCK // GROUP groups each):
         # one program per row left prefill-sized batches with wide rows slower than
-        # torch.compile (docs/benchmarks.md). Same arithmetic as _group_quant_store.
+        # torch.compile (docs/benchmarks.md).
         row = tl.program_id(0).to(tl.int64)
         off = tl.program_id(1) * BLOCK
-        NG: tl.constexpr = BLOCK // GROUP
-        gi = tl.arange(0, NG)
-        cols = off + gi[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-        mask = cols < K
-        x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32)
-        amax = tl.max(tl.abs(x), axis=1)
-        scale = tl.maximum(tl.math.div_rn(amax, FMAX), MIN_SCALE)
-        inv = tl.math.div_rn(tl.full([NG], 1.0, tl.float32), scale)
-        v = tl.minimum(tl.maximum(x * inv[:, None], -FMAX), FMAX)
-        _fp8_store(q_ptr + row * K + cols, v, mask, FNUZ, HW_FP8)
-        n_groups = K // GROUP
-        g = off // GROUP + gi
-        tl.store(s_ptr + row * n_groups + g, scale, mask=g < n_groups)
+        cols = off + _cols(0, BLOCK)
+        x = tl.load(x_ptr + row * stride + cols, mask=cols < K, other=0.0).to(tl.float32)
+        _group_quant_store(x, row, q_ptr, s_ptr, K, off, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK, HW_FP8)
 
 
 GROUP_BLOCK = 1024  # columns per program of the group kernel (8 groups of 128)
