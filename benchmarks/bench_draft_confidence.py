@@ -49,7 +49,7 @@ L2_BYTES = 60 << 20  # H200; inputs rotate through at least twice this much
 TUNE_B = (1, 8, 16, 32, 64, 128)
 # One-warp programs (256 lanes) reduce with shuffles only, no shared memory or CTA barrier: on the
 # H200 they beat 4-warp programs by 0.4 us at B=8 and 0.8 us at B=64 (docs/benchmarks.md).
-TUNE_SPACE = {"block_warps": [(256, 1), (512, 2), (1024, 4), (2048, 8)], "unroll": [1, 2, 4],
+TUNE_SPACE = {"block_warps": [(256, 1), (512, 2), (1024, 4), (2048, 8)], "unroll": [1, 2, 4, 8],
               "stages": [1, 2, 3, 4], "programs_per_sm": [4, 8, 12, 16, 24]}
 
 

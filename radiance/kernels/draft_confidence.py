@@ -64,7 +64,7 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs" / "draft_confide
 @dataclass(frozen=True)
 class Config:
     block: int = 1024          # lanes per tile (each lane keeps its own running max / sum / tile)
-    unroll: int = 4            # tiles loaded before they are folded (1, 2 or 4): bytes in flight
+    unroll: int = 4            # tiles loaded before they are folded (1, 2, 4 or 8): bytes in flight
     num_warps: int = 4
     programs_per_sm: int = 8   # resident programs the split plan aims for, per SM
     stages: int = 1            # > 1: the chunk loop is software-pipelined this deep (cp.async)
@@ -164,9 +164,17 @@ if triton is not None:
         # all computing while HBM idles.
         for c in tl.range(0, n_full, num_stages=STAGES):
             t = start + c * CHUNK
-            xa, xb, xc, xd = _load_chunk(row_ptr + t + offs, None, BLOCK, UNROLL)
-            m_vec, s_vec, t_vec = _fold_chunk(xa, xb, xc, xd, t, m_vec, s_vec, t_vec,
-                                              BLOCK, UNROLL, GUARD)
+            if UNROLL == 8:  # two groups of four tiles, all eight loaded before the first fold
+                xa, xb, xc, xd = _load_chunk(row_ptr + t + offs, None, BLOCK, 4)
+                xe, xf, xg, xh = _load_chunk(row_ptr + t + 4 * BLOCK + offs, None, BLOCK, 4)
+                m_vec, s_vec, t_vec = _fold_chunk(xa, xb, xc, xd, t, m_vec, s_vec, t_vec,
+                                                  BLOCK, 4, GUARD)
+                m_vec, s_vec, t_vec = _fold_chunk(xe, xf, xg, xh, t + 4 * BLOCK, m_vec, s_vec,
+                                                  t_vec, BLOCK, 4, GUARD)
+            else:
+                xa, xb, xc, xd = _load_chunk(row_ptr + t + offs, None, BLOCK, UNROLL)
+                m_vec, s_vec, t_vec = _fold_chunk(xa, xb, xc, xd, t, m_vec, s_vec, t_vec,
+                                                  BLOCK, UNROLL, GUARD)
         # the ragged end of the split that holds n_valid: masked tiles, padding reads as -inf
         for t in range(start + n_full * CHUNK, stop, BLOCK):
             x = tl.load(row_ptr + t + offs, mask=t + offs < stop, other=neg_inf)

@@ -99,7 +99,7 @@ def test_shipped_tables_parse():
         table = dc.load_table(path.stem)
         assert table, path
         for rows, cfg in table:
-            assert rows >= 1 and cfg.unroll in (1, 2, 4) and cfg.block & (cfg.block - 1) == 0
+            assert rows >= 1 and cfg.unroll in (1, 2, 4, 8) and cfg.block & (cfg.block - 1) == 0
             assert cfg.stages >= 1 and cfg.programs_per_sm >= 1
 
 
@@ -112,7 +112,8 @@ _INTERPRETER_CHECK = textwrap.dedent("""
              (2, 5000, 0, torch.float32), (1, 7, -1, torch.float16),
              (3, 6000, 4097, torch.bfloat16)]
     configs = [Config(512, 2, 4, 2), Config(1024, 1, 4, 2), Config(256, 4, 4, 2),
-               Config(256, 2, 4, 1, 3), Config(512, 4, 4, 2, 2), Config(512, 1, 4, 1, 4)]
+               Config(256, 2, 4, 1, 3), Config(512, 4, 4, 2, 2), Config(512, 1, 4, 1, 4),
+               Config(256, 8, 1, 2), Config(128, 8, 1, 1, 3)]
     for (rows, cols, n_valid, dtype), cfg in [(c, k) for c in cases for k in configs]:
         x = (torch.randn(rows, cols, generator=g) * 4).to(dtype)
         if cols > 100:
@@ -163,7 +164,8 @@ def test_triton_equals_reference_on_gpu(rows, cols, n_valid, dtype, atol, rtol):
 
 
 GPU_CONFIGS = [Config(1024, 1, 4, 8), Config(1024, 4, 4, 8, 3), Config(2048, 2, 4, 16, 2),
-               Config(4096, 1, 8, 4), Config(2048, 4, 8, 12, 4)]
+               Config(4096, 1, 8, 4), Config(2048, 4, 8, 12, 4), Config(256, 2, 1, 8, 3),
+               Config(256, 8, 1, 16, 4), Config(512, 8, 2, 8, 2)]
 
 
 @pytest.mark.gpu
