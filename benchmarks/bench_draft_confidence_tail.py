@@ -7,7 +7,7 @@ rotating inputs larger than L2), at the tuned table's config for each batch.
 Across B = 16..128 the shipped kernel's time fits ``F + bytes / R`` with R ~ 3.85 TB/s and
 F ~ 4.6 us (docs/benchmarks.md), and F is what keeps B=64 under 70% of copy bandwidth. Variants
 (the first three compute garbage and are only timed; the others are checked exact first):
-  no_loop      the column loop skipped: launch + end reductions + arrival + combine
+  no_loop      an empty column range: launch + end reductions + arrival + combine
   no_combine   partials written, no arrival atomic, no combine
   no_end       the loop, then only the lane max reduced and stored (no arrival)
   shipped      the module's kernel (three end reductions, acq_rel arrival, combine)
@@ -31,7 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_draft_confidence import V, check, gpu_us, inputs  # noqa: E402
 
 from radiance.kernels import draft_confidence as dc  # noqa: E402
-from radiance.kernels.draft_confidence import _fold, _fold_chunk, _load_chunk  # noqa: E402
+from radiance.kernels.draft_confidence import (  # noqa: E402
+    _arrive_and_combine,
+    _fold_split,
+    _lanes_to_partial,
+)
 
 VARIANTS = ("no_loop", "no_combine", "no_end", "shipped", "fused_end")
 
@@ -51,65 +55,49 @@ def _variant_kernel(logits_ptr, stride_row, n_valid, part_max_ptr, part_sum_ptr,
                     count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr, split_cols,
                     BLOCK: tl.constexpr, UNROLL: tl.constexpr, NSPLIT_P2: tl.constexpr,
                     STAGES: tl.constexpr, VARIANT: tl.constexpr):
+    # The shipped kernel's pieces (bf16 logits only), with one stage left out or replaced.
     row = tl.program_id(0)
     split = tl.program_id(1)
     nsplit = tl.num_programs(1)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
-    offs = tl.arange(0, BLOCK)
     start = split * split_cols
     stop = tl.minimum(start + split_cols, n_valid)
-    CHUNK: tl.constexpr = BLOCK * UNROLL
-    n_full = tl.maximum(stop - start, 0) // CHUNK
-    neg_inf = float("-inf")
-    floor = -3.4028234663852886e38  # bf16 only here
-    m_vec = tl.full((BLOCK,), floor, tl.float32)
-    s_vec = tl.zeros((BLOCK,), tl.float32)
-    t_vec = tl.zeros((BLOCK,), tl.int32) + start
-    if VARIANT != 0:
-        for c in tl.range(0, n_full, num_stages=STAGES):
-            t = start + c * CHUNK
-            xa, xb, xc, xd = _load_chunk(row_ptr + t + offs, None, BLOCK, UNROLL)
-            m_vec, s_vec, t_vec = _fold_chunk(xa, xb, xc, xd, t, m_vec, s_vec, t_vec, BLOCK, UNROLL,
-                                              False)
-        for t in range(start + n_full * CHUNK, stop, BLOCK):
-            x = tl.load(row_ptr + t + offs, mask=t + offs < stop, other=neg_inf)
-            m_vec, s_vec, t_vec = _fold(x.to(tl.float32), t, m_vec, s_vec, t_vec, False)
-    m_vec = tl.where(s_vec == 0.0, neg_inf, m_vec)
+    if VARIANT == 0:  # no_loop: an empty column range, so nothing is loaded or folded
+        stop = start
+    m_vec, s_vec, t_vec = _fold_split(logits_ptr + row.to(tl.int64) * stride_row, start, stop,
+                                      BLOCK, UNROLL, STAGES, False)
     part = row * NSPLIT_P2 + split
     if VARIANT == 2:  # no_end: one reduction, no arrival
         tl.store(part_max_ptr + part, tl.max(m_vec, 0))
-    else:
-        if VARIANT == 4:
-            m, s, idx = tl.reduce((m_vec, s_vec, t_vec + offs), 0, _lse_combine)
-        else:
-            m = tl.max(m_vec, 0)
-            base = tl.where(m == neg_inf, 0.0, m)
-            s = tl.sum(s_vec * tl.exp(m_vec - base), 0)
-            idx = tl.min(tl.where(m_vec == m, t_vec + offs, 2147483647), 0)
+    elif VARIANT == 4:  # fused_end: one tuple reduction for the end and one for the combine
+        m, s, idx = tl.reduce((m_vec, s_vec, t_vec + tl.arange(0, BLOCK)), 0, _lse_combine)
         tl.store(part_max_ptr + part, m)
         tl.store(part_sum_ptr + part, s)
         tl.store(part_idx_ptr + part, idx)
-        if VARIANT != 1:
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
-            if arrived == nsplit - 1:
-                k = tl.arange(0, NSPLIT_P2)
-                live = k < nsplit
-                pm = tl.load(part_max_ptr + row * NSPLIT_P2 + k, mask=live, other=neg_inf, volatile=True)
-                ps = tl.load(part_sum_ptr + row * NSPLIT_P2 + k, mask=live, other=0.0, volatile=True)
-                pi = tl.load(part_idx_ptr + row * NSPLIT_P2 + k, mask=live, other=2147483647,
-                             volatile=True)
-                if VARIANT == 4:
-                    big_m, total, best = tl.reduce((pm, ps, pi), 0, _lse_combine)
-                else:
-                    big_m = tl.max(pm, 0)
-                    base = tl.where(big_m == neg_inf, 0.0, big_m)
-                    total = tl.sum(ps * tl.exp(pm - base), 0)
-                    best = tl.min(tl.where(live & (pm == big_m), pi, 2147483647), 0)
-                tl.store(out_max_ptr + row, big_m)
-                tl.store(out_sum_ptr + row, total)
-                tl.store(out_idx_ptr + row, best.to(tl.int64))
-                tl.store(count_ptr + row, 0)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
+        if arrived == nsplit - 1:
+            k = tl.arange(0, NSPLIT_P2)
+            live = k < nsplit
+            pm = tl.load(part_max_ptr + row * NSPLIT_P2 + k, mask=live, other=float("-inf"),
+                         volatile=True)
+            ps = tl.load(part_sum_ptr + row * NSPLIT_P2 + k, mask=live, other=0.0, volatile=True)
+            pi = tl.load(part_idx_ptr + row * NSPLIT_P2 + k, mask=live, other=2147483647,
+                         volatile=True)
+            big_m, total, best = tl.reduce((pm, ps, pi), 0, _lse_combine)
+            tl.store(out_max_ptr + row, big_m)
+            tl.store(out_sum_ptr + row, total)
+            tl.store(out_idx_ptr + row, best.to(tl.int64))
+            tl.store(count_ptr + row, 0)
+    else:
+        m, s, idx = _lanes_to_partial(m_vec, s_vec, t_vec, BLOCK)
+        if VARIANT == 1:  # no_combine: partials stored, no arrival
+            tl.store(part_max_ptr + part, m)
+            tl.store(part_sum_ptr + part, s)
+            tl.store(part_idx_ptr + part, idx)
+        else:
+            _arrive_and_combine(m, s, idx, row, split, nsplit, part_max_ptr, part_sum_ptr,
+                                part_idx_ptr, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr,
+                                NSPLIT_P2)
 
 
 def launcher(b: int, variant: str):

@@ -126,32 +126,18 @@ if triton is not None:
         return m_vec, s_vec, t_vec
 
     @triton.jit
-    def _draft_confidence_kernel(
-        logits_ptr, stride_row, n_valid,
-        part_max_ptr, part_sum_ptr, part_idx_ptr, count_ptr,
-        out_max_ptr, out_sum_ptr, out_idx_ptr,
-        split_cols,
-        BLOCK: tl.constexpr,
-        UNROLL: tl.constexpr,
-        NSPLIT_P2: tl.constexpr,
-        STAGES: tl.constexpr,
-    ):
-        row = tl.program_id(0)
-        split = tl.program_id(1)
-        nsplit = tl.num_programs(1)
-        row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    def _fold_split(row_ptr, start, stop, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+                    STAGES: tl.constexpr, GUARD: tl.constexpr):
+        """Columns [start, stop) of one row into per-lane (max, sum-exp, tile) accumulators.
+        GUARD: the logits are fp32 (lanes start at -inf and the fold guards -inf - -inf)."""
         offs = tl.arange(0, BLOCK)
-        start = split * split_cols
-        stop = tl.minimum(start + split_cols, n_valid)
         CHUNK: tl.constexpr = BLOCK * UNROLL
         n_full = tl.maximum(stop - start, 0) // CHUNK
         neg_inf = float("-inf")
         # bf16/fp16 inputs are all above -FLT_MAX, so lanes can start there instead of at -inf:
         # then no difference is ever -inf - -inf and the fold needs no NaN guard (an
         # instruction and a half per element). An fp32 input can equal -FLT_MAX: it keeps -inf.
-        GUARD: tl.constexpr = logits_ptr.dtype.element_ty == tl.float32
         floor = neg_inf if GUARD else -3.4028234663852886e38
-
         m_vec = tl.full((BLOCK,), floor, tl.float32)
         s_vec = tl.zeros((BLOCK,), tl.float32)
         # an all -inf split reports its first column, like torch.argmax would
@@ -179,16 +165,27 @@ if triton is not None:
         for t in range(start + n_full * CHUNK, stop, BLOCK):
             x = tl.load(row_ptr + t + offs, mask=t + offs < stop, other=neg_inf)
             m_vec, s_vec, t_vec = _fold(x.to(tl.float32), t, m_vec, s_vec, t_vec, GUARD)
-
         if not GUARD:
             # a lane still at the floor with nothing summed saw only -inf (every finite input
             # adds at least exp(0) = 1 when it becomes the max)
             m_vec = tl.where(s_vec == 0.0, neg_inf, m_vec)
-        m = tl.max(m_vec, 0)
-        base = tl.where(m == neg_inf, 0.0, m)
-        s = tl.sum(s_vec * tl.exp(m_vec - base), 0)  # a lane at -inf has s = 0: adds 0
-        idx = tl.min(tl.where(m_vec == m, t_vec + offs, 2147483647), 0)
+        return m_vec, s_vec, t_vec
 
+    @triton.jit
+    def _lanes_to_partial(m_vec, s_vec, t_vec, BLOCK: tl.constexpr):
+        """The split's (max, sum-exp relative to it, first column of the max) from its lanes."""
+        m = tl.max(m_vec, 0)
+        base = tl.where(m == float("-inf"), 0.0, m)
+        s = tl.sum(s_vec * tl.exp(m_vec - base), 0)  # a lane at -inf has s = 0: adds 0
+        idx = tl.min(tl.where(m_vec == m, t_vec + tl.arange(0, BLOCK), 2147483647), 0)
+        return m, s, idx
+
+    @triton.jit
+    def _arrive_and_combine(m, s, idx, row, split, nsplit, part_max_ptr, part_sum_ptr,
+                            part_idx_ptr, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr,
+                            NSPLIT_P2: tl.constexpr):
+        """Publishes the split's partial; the row's last program to arrive combines them all."""
+        neg_inf = float("-inf")
         part = row * NSPLIT_P2 + split
         tl.store(part_max_ptr + part, m)
         tl.store(part_sum_ptr + part, s)
@@ -212,6 +209,29 @@ if triton is not None:
             tl.store(out_sum_ptr + row, total)
             tl.store(out_idx_ptr + row, best.to(tl.int64))
             tl.store(count_ptr + row, 0)  # ready for the next launch on this stream
+
+    @triton.jit
+    def _draft_confidence_kernel(
+        logits_ptr, stride_row, n_valid,
+        part_max_ptr, part_sum_ptr, part_idx_ptr, count_ptr,
+        out_max_ptr, out_sum_ptr, out_idx_ptr,
+        split_cols,
+        BLOCK: tl.constexpr,
+        UNROLL: tl.constexpr,
+        NSPLIT_P2: tl.constexpr,
+        STAGES: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        split = tl.program_id(1)
+        start = split * split_cols
+        m_vec, s_vec, t_vec = _fold_split(
+            logits_ptr + row.to(tl.int64) * stride_row, start,
+            tl.minimum(start + split_cols, n_valid), BLOCK, UNROLL, STAGES,
+            logits_ptr.dtype.element_ty == tl.float32)
+        m, s, idx = _lanes_to_partial(m_vec, s_vec, t_vec, BLOCK)
+        _arrive_and_combine(m, s, idx, row, split, tl.num_programs(1), part_max_ptr, part_sum_ptr,
+                            part_idx_ptr, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr,
+                            NSPLIT_P2)
 
     for _dtype in ("bf16", "fp16", "fp32"):
         aot.register(aot.AotSpec(
