@@ -516,6 +516,12 @@ def native_constexprs(device: torch.device, fp8_dtype: torch.dtype) -> dict:
             and torch.cuda.get_device_capability(device) >= (8, 9)}
 
 
+def codes_as_bytes(fp8_dtype: torch.dtype) -> bool:
+    """Whether a kernel must be handed the fp8 codes as uint8: the interpreter has no fp8
+    pointers, and Triton on NVIDIA none of the fnuz format."""
+    return interpreting() or (fp8_dtype == torch.float8_e4m3fnuz and torch.version.hip is None)
+
+
 class _Plan:
     """Everything about a launch that depends only on (K, group, dtypes, device), validated
     once: a call then costs three allocations and one JIT launch. (Calling the compiled
@@ -534,9 +540,7 @@ class _Plan:
         self.consts = {**quant_constexprs(group_size, fp8_dtype), "BLOCK_A": block_a,
                        "BLOCK_B": block_b, "LOG2": log2, **native_constexprs(device, fp8_dtype)}
         self.num_warps = WARPS_OVERRIDE.get(block_a + block_b, kernel_warps(k))
-        # The interpreter has no fp8 pointers, and Triton on NVIDIA none of the fnuz format.
-        self.q_as_bytes = interpreting() or (fp8_dtype == torch.float8_e4m3fnuz
-                                             and torch.version.hip is None)
+        self.q_as_bytes = codes_as_bytes(fp8_dtype)
 
     def launch(self, m, y, residual, weight, q, scale, new_residual, eps):
         if self.q_as_bytes:

@@ -45,9 +45,9 @@ from .add_rms_quant import (
     SUPPORTED_GROUPS,
     aot_options,
     check_group,
+    codes_as_bytes,
     div_rn,
     exact_sumsq,
-    interpreting,
     native_constexprs,
     quant_constexprs,
     quantize_reference,
@@ -181,9 +181,7 @@ class _Plan:
         self.scale_cols = h * d // group_size if group_size else 1
         self.consts = {"D": d, "HB": hb, "LOG2": log2, **quant_constexprs(group_size, fp8_dtype),
                        **native_constexprs(device, fp8_dtype)}
-        # The interpreter has no fp8 pointers, and Triton on NVIDIA none of the fnuz format.
-        self.q_as_bytes = interpreting() or (fp8_dtype == torch.float8_e4m3fnuz
-                                             and torch.version.hip is None)
+        self.q_as_bytes = codes_as_bytes(fp8_dtype)
 
 
 _PLANS: dict[tuple, _Plan] = {}

@@ -19,7 +19,7 @@ from .add_rms_quant import (
     SUPPORTED_GROUPS,
     aot_options,
     check_group,
-    interpreting,
+    codes_as_bytes,
     launch_params,
     native_constexprs,
     quant_constexprs,
@@ -101,8 +101,7 @@ def _plan(k: int, group_size: int, fp8_dtype: torch.dtype, device: torch.device)
         else:
             block_a, block_b, _, num_warps = launch_params(k)
             consts.update(BLOCK_A=block_a, BLOCK_B=block_b)
-        # The interpreter has no fp8 pointers, and Triton on NVIDIA none of the fnuz format.
-        as_bytes = interpreting() or (fp8_dtype == torch.float8_e4m3fnuz and torch.version.hip is None)
+        as_bytes = codes_as_bytes(fp8_dtype)
         plan = _PLANS[key] = (consts, num_warps, as_bytes)
     return plan
 
