@@ -4,7 +4,7 @@ Providers:
   stock      softmax in fp32, then max (what a confidence gate costs without a kernel)
   reference  radiance's PyTorch reference (several torch ops)
   compile    torch.compile of the reference (skipped with --no-compile)
-  op         torch.ops.radiance.draft_confidence (the custom op: dispatcher + launcher + kernel)
+  op         torch.ops.radiance.draft_confidence (the registered op: dispatcher + launcher + kernel)
   ours       radiance.kernels.draft_confidence.draft_confidence, the public entry (eager CUDA
              tensors skip the op's dispatch and go to the launcher)
   direct     draft_confidence_triton (the launcher itself)

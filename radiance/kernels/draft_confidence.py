@@ -28,8 +28,9 @@ reference, so sum-exp agrees to fp32 rounding, max and argmax exactly.
 Launch configs are data: ``radiance/configs/draft_confidence/<device>.json`` (rows -> block,
 unroll, warps, programs per SM, pipeline stages), written by
 ``benchmarks/bench_draft_confidence.py --tune``; without a table the module defaults below apply.
-The public ``draft_confidence`` sends eager CUDA tensors straight to the launcher: on the H200 host
-the custom op's dispatch cost ~25 us per call, more than the kernel.
+The public ``draft_confidence`` sends eager CUDA tensors straight to the launcher, past the
+dispatcher (under ``torch.library.custom_op``, which the op no longer uses, that dispatch cost
+~25 us per call on the H200 host, more than the kernel).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ from pathlib import Path
 import torch
 
 from . import aot
-from .dispatch import device_key, use_triton
+from .dispatch import device_key, register_library_op
 
 try:  # Triton is optional: a CPU-only install runs the reference
     import triton
@@ -394,21 +395,30 @@ def draft_confidence_triton(logits: torch.Tensor, n_valid: int = -1
 
 
 # --- the op --------------------------------------------------------------------------------
+# Registered like the fp8 epilogues (torch.library.Library, see dispatch.register_library_op):
+# torch.library.custom_op would add its Python autograd and aliasing checks to every call.
 
-@torch.library.custom_op("radiance::draft_confidence", mutates_args=())
-def _draft_confidence_op(logits: torch.Tensor, n_valid: int
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if use_triton(logits):
-        return draft_confidence_triton(logits, n_valid)
+def _draft_confidence_gpu(logits: torch.Tensor, n_valid: int
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if triton is None:
+        return draft_confidence_reference(logits, n_valid)
+    return draft_confidence_triton(logits, n_valid)
+
+
+def _draft_confidence_cpu(logits: torch.Tensor, n_valid: int
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return draft_confidence_reference(logits, n_valid)
 
 
-@_draft_confidence_op.register_fake
-def _draft_confidence_fake(logits: torch.Tensor, n_valid: int):
+def _draft_confidence_fake(logits, n_valid):
     rows = logits.shape[0]
     return (logits.new_empty(rows, dtype=torch.float32),
             logits.new_empty(rows, dtype=torch.float32),
             logits.new_empty(rows, dtype=torch.int64))
+
+
+_OP = register_library_op("draft_confidence", _draft_confidence_cpu, _draft_confidence_gpu,
+                          _draft_confidence_fake)
 
 
 def draft_confidence(logits: torch.Tensor, n_valid: int = -1
@@ -418,11 +428,12 @@ def draft_confidence(logits: torch.Tensor, n_valid: int = -1
     The top-1 probability is ``1 / sum-exp``; across shards combine with
     ``radiance.draft.local_vocab.combine_partials``.
 
-    In eager mode a plain CUDA tensor goes straight to the launcher: the custom op's dispatch
-    costs more host time than the launch itself (docs/benchmarks.md). Traced code (torch.compile)
-    and tensor subclasses (fake tensors) go through ``torch.ops.radiance.draft_confidence``.
+    In eager mode a plain CUDA tensor goes straight to the launcher (the dispatcher's few
+    microseconds are a share of a launch that takes ~10 on the H200 host). Traced code
+    (torch.compile) and tensor subclasses (fake tensors) go through
+    ``torch.ops.radiance.draft_confidence``.
     """
     if type(logits) is torch.Tensor and logits.is_cuda and triton is not None \
             and not torch.compiler.is_compiling():
         return draft_confidence_triton(logits, n_valid)
-    return torch.ops.radiance.draft_confidence(logits, n_valid)
+    return _OP(logits, n_valid)
