@@ -67,21 +67,14 @@ def _fold_strided(row_ptr, split, nsplit, n_valid, BLOCK: tl.constexpr, UNROLL: 
     offs = tl.arange(0, BLOCK)
     CHUNK: tl.constexpr = BLOCK * UNROLL
     n_full = n_valid // CHUNK
-    floor = float("-inf") if GUARD else -3.4028234663852886e38
-    m_vec = tl.full((BLOCK,), floor, tl.float32)
-    s_vec = tl.zeros((BLOCK,), tl.float32)
-    t_vec = tl.zeros((BLOCK,), tl.int32) + split * CHUNK
+    m_vec, s_vec, t_vec = dc._lanes_init(split * CHUNK, BLOCK, GUARD)
     for c in tl.range(split, n_full, nsplit, num_stages=STAGES):
         t = c * CHUNK
         xa, xb, xc, xd = dc._load_chunk(row_ptr + t + offs, None, BLOCK, UNROLL)
         m_vec, s_vec, t_vec = dc._fold_chunk(xa, xb, xc, xd, t, m_vec, s_vec, t_vec, BLOCK,
                                              UNROLL, GUARD)
-    for t in range(n_full * CHUNK + split * BLOCK, n_valid, nsplit * BLOCK):
-        x = tl.load(row_ptr + t + offs, mask=t + offs < n_valid, other=float("-inf"))
-        m_vec, s_vec, t_vec = dc._fold(x.to(tl.float32), t, m_vec, s_vec, t_vec, GUARD)
-    if not GUARD:
-        m_vec = tl.where(s_vec == 0.0, float("-inf"), m_vec)
-    return m_vec, s_vec, t_vec
+    return dc._fold_ragged(row_ptr, n_full * CHUNK + split * BLOCK, n_valid, nsplit * BLOCK,
+                           m_vec, s_vec, t_vec, BLOCK, GUARD)
 
 
 @triton.jit
@@ -155,11 +148,7 @@ def _fold_lean(row_ptr, start, stop, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
     offs = tl.arange(0, BLOCK)
     CHUNK: tl.constexpr = BLOCK * UNROLL
     n_full = tl.maximum(stop - start, 0) // CHUNK
-    neg_inf = float("-inf")
-    floor = neg_inf if GUARD else -3.4028234663852886e38
-    m_vec = tl.full((BLOCK,), floor, tl.float32)
-    s_vec = tl.zeros((BLOCK,), tl.float32)
-    t_vec = tl.zeros((BLOCK,), tl.int32) + start
+    m_vec, s_vec, t_vec = dc._lanes_init(start, BLOCK, GUARD)
     for c in tl.range(0, n_full, num_stages=STAGES):
         t = start + c * CHUNK
         xa, xb, xc, xd = dc._load_chunk(row_ptr + t + offs, None, BLOCK, 4)
@@ -172,12 +161,8 @@ def _fold_lean(row_ptr, start, stop, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
         else:
             m_vec, s_vec, t_vec = _lean_chunk(xa, xb, xc, xd, t, m_vec, s_vec, t_vec, BLOCK,
                                               GUARD, FMA)
-    for t in range(start + n_full * CHUNK, stop, BLOCK):
-        x = tl.load(row_ptr + t + offs, mask=t + offs < stop, other=neg_inf)
-        m_vec, s_vec, t_vec = dc._fold(x.to(tl.float32), t, m_vec, s_vec, t_vec, GUARD)
-    if not GUARD:
-        m_vec = tl.where(s_vec == 0.0, neg_inf, m_vec)
-    return m_vec, s_vec, t_vec
+    return dc._fold_ragged(row_ptr, start + n_full * CHUNK, stop, BLOCK, m_vec, s_vec, t_vec,
+                           BLOCK, GUARD)
 
 
 @triton.jit

@@ -127,6 +127,34 @@ if triton is not None:
         return m_vec, s_vec, t_vec
 
     @triton.jit
+    def _lanes_init(start, BLOCK: tl.constexpr, GUARD: tl.constexpr):
+        """Empty per-lane accumulators for a split starting at column ``start``."""
+        # bf16/fp16 inputs are all above -FLT_MAX, so lanes can start there instead of at -inf:
+        # then no difference is ever -inf - -inf and the fold needs no NaN guard (an
+        # instruction and a half per element). An fp32 input can equal -FLT_MAX: it keeps -inf.
+        floor = float("-inf") if GUARD else -3.4028234663852886e38
+        m_vec = tl.full((BLOCK,), floor, tl.float32)
+        s_vec = tl.zeros((BLOCK,), tl.float32)
+        # an all -inf split reports its first column, like torch.argmax would
+        t_vec = tl.zeros((BLOCK,), tl.int32) + start
+        return m_vec, s_vec, t_vec
+
+    @triton.jit
+    def _fold_ragged(row_ptr, first, stop, step, m_vec, s_vec, t_vec, BLOCK: tl.constexpr,
+                     GUARD: tl.constexpr):
+        """Masked tiles at ``first``, ``first + step``, ... below ``stop`` (the ragged end of the
+        split that holds n_valid; padding reads as -inf), then the lanes' final state."""
+        offs = tl.arange(0, BLOCK)
+        for t in range(first, stop, step):
+            x = tl.load(row_ptr + t + offs, mask=t + offs < stop, other=float("-inf"))
+            m_vec, s_vec, t_vec = _fold(x.to(tl.float32), t, m_vec, s_vec, t_vec, GUARD)
+        if not GUARD:
+            # a lane still at the floor with nothing summed saw only -inf (every finite input
+            # adds at least exp(0) = 1 when it becomes the max)
+            m_vec = tl.where(s_vec == 0.0, float("-inf"), m_vec)
+        return m_vec, s_vec, t_vec
+
+    @triton.jit
     def _fold_split(row_ptr, start, stop, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
                     STAGES: tl.constexpr, GUARD: tl.constexpr):
         """Columns [start, stop) of one row into per-lane (max, sum-exp, tile) accumulators.
@@ -134,15 +162,7 @@ if triton is not None:
         offs = tl.arange(0, BLOCK)
         CHUNK: tl.constexpr = BLOCK * UNROLL
         n_full = tl.maximum(stop - start, 0) // CHUNK
-        neg_inf = float("-inf")
-        # bf16/fp16 inputs are all above -FLT_MAX, so lanes can start there instead of at -inf:
-        # then no difference is ever -inf - -inf and the fold needs no NaN guard (an
-        # instruction and a half per element). An fp32 input can equal -FLT_MAX: it keeps -inf.
-        floor = neg_inf if GUARD else -3.4028234663852886e38
-        m_vec = tl.full((BLOCK,), floor, tl.float32)
-        s_vec = tl.zeros((BLOCK,), tl.float32)
-        # an all -inf split reports its first column, like torch.argmax would
-        t_vec = tl.zeros((BLOCK,), tl.int32) + start
+        m_vec, s_vec, t_vec = _lanes_init(start, BLOCK, GUARD)
         # Unmasked whole chunks: 16-byte loads whatever n_valid's alignment. STAGES > 1 lets
         # Triton pipeline the loop (asynchronous copies to shared memory, STAGES - 1 chunks
         # ahead), so a warp's memory wait overlaps its arithmetic: loads issued in registers
@@ -162,15 +182,8 @@ if triton is not None:
                 xa, xb, xc, xd = _load_chunk(row_ptr + t + offs, None, BLOCK, UNROLL)
                 m_vec, s_vec, t_vec = _fold_chunk(xa, xb, xc, xd, t, m_vec, s_vec, t_vec,
                                                   BLOCK, UNROLL, GUARD)
-        # the ragged end of the split that holds n_valid: masked tiles, padding reads as -inf
-        for t in range(start + n_full * CHUNK, stop, BLOCK):
-            x = tl.load(row_ptr + t + offs, mask=t + offs < stop, other=neg_inf)
-            m_vec, s_vec, t_vec = _fold(x.to(tl.float32), t, m_vec, s_vec, t_vec, GUARD)
-        if not GUARD:
-            # a lane still at the floor with nothing summed saw only -inf (every finite input
-            # adds at least exp(0) = 1 when it becomes the max)
-            m_vec = tl.where(s_vec == 0.0, neg_inf, m_vec)
-        return m_vec, s_vec, t_vec
+        return _fold_ragged(row_ptr, start + n_full * CHUNK, stop, BLOCK, m_vec, s_vec, t_vec,
+                            BLOCK, GUARD)
 
     @triton.jit
     def _lanes_to_partial(m_vec, s_vec, t_vec, BLOCK: tl.constexpr):
