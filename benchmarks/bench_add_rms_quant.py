@@ -21,7 +21,7 @@ per call (what a caller sees when the host is the bottleneck: launch path includ
 ``kernels``: GPU kernels per call (profiler). ``--sweep``: graph-mode time of ours at M=8 for
 several num_warps per K (bit-exactness checked for each). ``--host-breakdown``: host µs per call
 of each piece of the launch path (empty launch, allocations, the launch alone, the function,
-the op).
+the public entry -- which goes past the dispatcher in eager mode -- and the op).
 """
 from __future__ import annotations
 
@@ -141,6 +141,7 @@ def host_breakdown(ks, n: int = 2000) -> list[dict]:
                                        torch.empty((8, k), dtype=torch.bfloat16, device="cuda")),
             "plan.launch (outputs given)": lambda: plan.launch(8, y, r, w, q, scale, new_r, EPS),
             "add_rms_quant_triton": lambda: arq.add_rms_quant_triton(y, r, w, EPS, 0, FP8),
+            "add_rms_quant (public entry)": lambda: arq.add_rms_quant(y, r, w, EPS, 0, FP8),
             "torch.ops.radiance.add_rms_quant": lambda: torch.ops.radiance.add_rms_quant(y, r, w, EPS, 0, FP8),
         }
         for name, fn in pieces.items():

@@ -62,7 +62,7 @@ import os
 import torch
 
 from . import aot
-from .dispatch import fp8_dtype_for_device, register_library_op
+from .dispatch import eager_gpu_call, fp8_dtype_for_device, register_library_op
 
 try:  # Triton is optional: the reference runs everywhere.
     import triton
@@ -621,6 +621,8 @@ def add_rms_quant(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     """(q [M, K] fp8, scale [M, 1] or [M, K/128] fp32, new_residual [M, K] y.dtype)."""
     if fp8_dtype is None:
         fp8_dtype = fp8_dtype_for_device(y.device)
+    if eager_gpu_call(y, residual, weight):
+        return add_rms_quant_triton(y, residual, weight, float(eps), int(group_size), fp8_dtype)
     return _OP(y, residual, weight, float(eps), int(group_size), fp8_dtype)
 
 

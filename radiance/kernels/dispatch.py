@@ -21,6 +21,17 @@ def use_triton(*tensors: torch.Tensor) -> bool:
     return bool(tensors) and all(t.is_cuda for t in tensors) and triton_available()
 
 
+def eager_gpu_call(*tensors: torch.Tensor) -> bool:
+    """True when a call may go straight to the Triton launcher, past the dispatcher: not traced by
+    torch.compile, plain tensors (fake and functional tensors must reach the registered fake /
+    kernels), all on a CUDA/ROCm device, Triton importable. The dispatcher costs a few µs per
+    call on the H200 host, a sizeable share of a launch for the ops that run per layer or per
+    draft slot; under torch.compile and CUDA graphs the op is what is recorded."""
+    return (bool(tensors) and not torch.compiler.is_compiling()
+            and all(type(t) is torch.Tensor and t.is_cuda for t in tensors)
+            and triton_available())
+
+
 def fp8_dtype_for_device(device: torch.device | None = None) -> torch.dtype:
     """float8_e4m3fnuz on gfx94x (MI300), float8_e4m3fn everywhere else (gfx12, sm_89+, CPU)."""
     if device is not None and device.type == "cuda" and torch.version.hip:

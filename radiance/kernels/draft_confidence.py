@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from . import aot
-from .dispatch import device_key, register_library_op
+from .dispatch import device_key, eager_gpu_call, register_library_op
 
 try:  # Triton is optional: a CPU-only install runs the reference
     import triton
@@ -446,7 +446,6 @@ def draft_confidence(logits: torch.Tensor, n_valid: int = -1
     (torch.compile) and tensor subclasses (fake tensors) go through
     ``torch.ops.radiance.draft_confidence``.
     """
-    if type(logits) is torch.Tensor and logits.is_cuda and triton is not None \
-            and not torch.compiler.is_compiling():
+    if eager_gpu_call(logits):
         return draft_confidence_triton(logits, n_valid)
     return _OP(logits, n_valid)

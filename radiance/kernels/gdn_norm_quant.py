@@ -56,7 +56,7 @@ from .add_rms_quant import (
     sqrt_rn,
     triton_next_pow2,
 )
-from .dispatch import fp8_dtype_for_device, register_library_op
+from .dispatch import eager_gpu_call, fp8_dtype_for_device, register_library_op
 from .silu_mul_quant import exp_reference
 
 try:  # Triton is optional: the reference runs everywhere.
@@ -250,6 +250,8 @@ def gdn_norm_quant(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     D = weight.numel(), norm before a silu gate), rounded to x.dtype, then fp8-quantised."""
     if fp8_dtype is None:
         fp8_dtype = fp8_dtype_for_device(x.device)
+    if eager_gpu_call(x, z, weight):
+        return gdn_norm_quant_triton(x, z, weight, float(eps), int(group_size), fp8_dtype)
     return _OP(x, z, weight, float(eps), int(group_size), fp8_dtype)
 
 

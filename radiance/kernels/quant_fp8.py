@@ -27,7 +27,7 @@ from .add_rms_quant import (
     resolve_fp8_dtype,
     scale_shape,
 )
-from .dispatch import register_library_op
+from .dispatch import eager_gpu_call, register_library_op
 
 try:
     import triton
@@ -152,7 +152,10 @@ _OP = register_library_op("quant_fp8", _quant_fp8_cpu, _quant_fp8_gpu, _quant_fp
 def quant_fp8(x: torch.Tensor, group_size: int = 0, fp8_dtype: torch.dtype | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q [M, K] fp8, scale [M, 1] or [M, K/128] fp32) of ``x`` [M, K], as quantize_reference."""
-    return _OP(x, int(group_size), resolve_fp8_dtype(fp8_dtype, x.device))
+    fp8_dtype = resolve_fp8_dtype(fp8_dtype, x.device)
+    if eager_gpu_call(x):
+        return quant_fp8_triton(x, int(group_size), fp8_dtype)
+    return _OP(x, int(group_size), fp8_dtype)
 
 
 # AOT: the hidden sizes (q/k/v and gate_up inputs) and per-rank o_proj / down_proj inputs of the

@@ -1,0 +1,82 @@
+"""Which path a per-step op takes: straight to the Triton launcher in eager mode on plain GPU
+tensors, the registered op everywhere else (CPU, traced code, fake tensors)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from radiance.kernels import add_rms_quant as arq
+from radiance.kernels import draft_confidence as dc
+from radiance.kernels import gdn_norm_quant as gnq
+from radiance.kernels import quant_fp8 as qf
+from radiance.kernels.dispatch import eager_gpu_call
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+
+
+def test_cpu_tensors_take_the_op():
+    assert not eager_gpu_call(torch.zeros(2))
+    assert not eager_gpu_call()  # no tensors: nothing to decide on
+
+
+def test_fake_tensors_take_the_op():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 8)
+    assert not eager_gpu_call(x)
+
+
+def test_traced_code_takes_the_op():
+    seen = []
+
+    def f(x):
+        seen.append(eager_gpu_call(x))
+        return x + 1
+
+    torch.compile(f, backend="eager", fullgraph=True)(torch.zeros(3))
+    assert seen == [False]
+
+
+def test_public_entries_on_cpu_equal_their_ops():
+    torch.manual_seed(0)
+    y, r = torch.randn(4, 256, dtype=torch.bfloat16), torch.randn(4, 256, dtype=torch.bfloat16)
+    w = torch.randn(256, dtype=torch.bfloat16)
+    for a, b in zip(arq.add_rms_quant(y, r, w, 1e-6),
+                    torch.ops.radiance.add_rms_quant(y, r, w, 1e-6, 0, torch.float8_e4m3fn)):
+        assert torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1 else a,
+                           b.view(torch.uint8) if b.dtype.itemsize == 1 else b)
+    logits = torch.randn(3, 1000)
+    for a, b in zip(dc.draft_confidence(logits), torch.ops.radiance.draft_confidence(logits, -1)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@gpu
+def test_eager_gpu_entries_skip_the_dispatcher_and_match_the_ops():
+    assert eager_gpu_call(torch.zeros(2, device="cuda"))
+    assert not eager_gpu_call(torch.zeros(2, device="cuda"), torch.zeros(2))
+    torch.manual_seed(0)
+    dev = "cuda"
+    y = torch.randn(8, 2048, dtype=torch.bfloat16, device=dev)
+    r = torch.randn(8, 2048, dtype=torch.bfloat16, device=dev)
+    w = torch.randn(2048, dtype=torch.bfloat16, device=dev)
+    fp8 = torch.float8_e4m3fn
+
+    def same(got, want):
+        for a, b in zip(got, want):
+            if a.dtype.itemsize == 1:
+                a, b = a.view(torch.uint8), b.view(torch.uint8)
+            assert torch.equal(a, b)
+
+    same(arq.add_rms_quant(y, r, w, 1e-6, 128, fp8),
+         torch.ops.radiance.add_rms_quant(y, r, w, 1e-6, 128, fp8))
+    same(qf.quant_fp8(y, 0, fp8), torch.ops.radiance.quant_fp8(y, 0, fp8))
+    x = torch.randn(8, 16 * 128, dtype=torch.bfloat16, device=dev)
+    z = torch.randn(8, 16 * 128, dtype=torch.bfloat16, device=dev)
+    gw = torch.randn(128, dtype=torch.bfloat16, device=dev)
+    same(gnq.gdn_norm_quant(x, z, gw, 1e-6, 0, fp8),
+         torch.ops.radiance.gdn_norm_quant(x, z, gw, 1e-6, 0, fp8))
+    logits = torch.randn(8, 248320, dtype=torch.bfloat16, device=dev)
+    out, want = dc.draft_confidence(logits), torch.ops.radiance.draft_confidence(logits, -1)
+    assert torch.equal(out[0], want[0]) and torch.equal(out[2], want[2])
+    torch.testing.assert_close(out[1], want[1], rtol=3e-5, atol=0)
