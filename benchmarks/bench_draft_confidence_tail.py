@@ -35,6 +35,9 @@ from radiance.kernels.draft_confidence import (  # noqa: E402
     _arrive_and_combine,
     _fold_split,
     _lanes_to_partial,
+    _load_partials,
+    _publish_partial,
+    _store_row,
 )
 
 VARIANTS = ("no_loop", "no_combine", "no_end", "shipped", "fused_end")
@@ -70,24 +73,12 @@ def _variant_kernel(logits_ptr, stride_row, n_valid, part_max_ptr, part_sum_ptr,
         tl.store(part_max_ptr + part, tl.max(m_vec, 0))
     elif VARIANT == 4:  # fused_end: one tuple reduction for the end and one for the combine
         m, s, idx = tl.reduce((m_vec, s_vec, t_vec + tl.arange(0, BLOCK)), 0, _lse_combine)
-        tl.store(part_max_ptr + part, m)
-        tl.store(part_sum_ptr + part, s)
-        tl.store(part_idx_ptr + part, idx)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
-        if arrived == nsplit - 1:
-            k = tl.arange(0, NSPLIT_P2)
-            live = k < nsplit
-            pm = tl.load(part_max_ptr + row * NSPLIT_P2 + k, mask=live, other=float("-inf"),
-                         volatile=True)
-            ps = tl.load(part_sum_ptr + row * NSPLIT_P2 + k, mask=live, other=0.0, volatile=True)
-            pi = tl.load(part_idx_ptr + row * NSPLIT_P2 + k, mask=live, other=2147483647,
-                         volatile=True)
+        if _publish_partial(m, s, idx, row, split, nsplit, part_max_ptr, part_sum_ptr,
+                            part_idx_ptr, count_ptr, NSPLIT_P2):
+            pm, ps, pi, _ = _load_partials(row, nsplit, part_max_ptr, part_sum_ptr, part_idx_ptr,
+                                           NSPLIT_P2)
             big_m, total, best = tl.reduce((pm, ps, pi), 0, _lse_combine)
-            tl.store(out_max_ptr + row, big_m)
-            tl.store(out_sum_ptr + row, total)
-            tl.store(out_idx_ptr + row, best.to(tl.int64))
-            tl.store(count_ptr + row, 0)
+            _store_row(big_m, total, best, row, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr)
     else:
         m, s, idx = _lanes_to_partial(m_vec, s_vec, t_vec, BLOCK)
         if VARIANT == 1:  # no_combine: partials stored, no arrival

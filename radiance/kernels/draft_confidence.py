@@ -195,11 +195,9 @@ if triton is not None:
         return m, s, idx
 
     @triton.jit
-    def _arrive_and_combine(m, s, idx, row, split, nsplit, part_max_ptr, part_sum_ptr,
-                            part_idx_ptr, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr,
-                            NSPLIT_P2: tl.constexpr):
-        """Publishes the split's partial; the row's last program to arrive combines them all."""
-        neg_inf = float("-inf")
+    def _publish_partial(m, s, idx, row, split, nsplit, part_max_ptr, part_sum_ptr, part_idx_ptr,
+                         count_ptr, NSPLIT_P2: tl.constexpr):
+        """Stores the split's partial and arrives; true for the row's last program to arrive."""
         part = row * NSPLIT_P2 + split
         tl.store(part_max_ptr + part, m)
         tl.store(part_sum_ptr + part, s)
@@ -207,22 +205,43 @@ if triton is not None:
         # Every thread's partial store must precede the arrival that publishes it.
         tl.debug_barrier()
         arrived = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
-        if arrived == nsplit - 1:
-            k = tl.arange(0, NSPLIT_P2)
-            live = k < nsplit
-            # volatile: the other programs' partials must come from L2, not a stale L1 line
-            pm = tl.load(part_max_ptr + row * NSPLIT_P2 + k, mask=live, other=neg_inf, volatile=True)
-            ps = tl.load(part_sum_ptr + row * NSPLIT_P2 + k, mask=live, other=0.0, volatile=True)
-            pi = tl.load(part_idx_ptr + row * NSPLIT_P2 + k, mask=live, other=2147483647,
-                         volatile=True)
+        return arrived == nsplit - 1
+
+    @triton.jit
+    def _load_partials(row, nsplit, part_max_ptr, part_sum_ptr, part_idx_ptr,
+                       NSPLIT_P2: tl.constexpr):
+        """The row's partials (max, sum, index, live mask); dead slots are neutral."""
+        k = tl.arange(0, NSPLIT_P2)
+        live = k < nsplit
+        # volatile: the other programs' partials must come from L2, not a stale L1 line
+        pm = tl.load(part_max_ptr + row * NSPLIT_P2 + k, mask=live, other=float("-inf"),
+                     volatile=True)
+        ps = tl.load(part_sum_ptr + row * NSPLIT_P2 + k, mask=live, other=0.0, volatile=True)
+        pi = tl.load(part_idx_ptr + row * NSPLIT_P2 + k, mask=live, other=2147483647,
+                     volatile=True)
+        return pm, ps, pi, live
+
+    @triton.jit
+    def _store_row(big_m, total, best, row, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr):
+        tl.store(out_max_ptr + row, big_m)
+        tl.store(out_sum_ptr + row, total)
+        tl.store(out_idx_ptr + row, best.to(tl.int64))
+        tl.store(count_ptr + row, 0)  # ready for the next launch on this stream
+
+    @triton.jit
+    def _arrive_and_combine(m, s, idx, row, split, nsplit, part_max_ptr, part_sum_ptr,
+                            part_idx_ptr, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr,
+                            NSPLIT_P2: tl.constexpr):
+        """Publishes the split's partial; the row's last program to arrive combines them all."""
+        if _publish_partial(m, s, idx, row, split, nsplit, part_max_ptr, part_sum_ptr,
+                            part_idx_ptr, count_ptr, NSPLIT_P2):
+            pm, ps, pi, live = _load_partials(row, nsplit, part_max_ptr, part_sum_ptr,
+                                              part_idx_ptr, NSPLIT_P2)
             big_m = tl.max(pm, 0)
-            base = tl.where(big_m == neg_inf, 0.0, big_m)
+            base = tl.where(big_m == float("-inf"), 0.0, big_m)
             total = tl.sum(ps * tl.exp(pm - base), 0)
             best = tl.min(tl.where(live & (pm == big_m), pi, 2147483647), 0)
-            tl.store(out_max_ptr + row, big_m)
-            tl.store(out_sum_ptr + row, total)
-            tl.store(out_idx_ptr + row, best.to(tl.int64))
-            tl.store(count_ptr + row, 0)  # ready for the next launch on this stream
+            _store_row(big_m, total, best, row, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr)
 
     @triton.jit
     def _draft_confidence_kernel(
