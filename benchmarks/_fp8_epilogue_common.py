@@ -1,5 +1,6 @@
 """Shared timing helpers of the fp8-stream benchmarks (bench_add_rms_quant, bench_silu_mul_quant,
-bench_fp8_gemm). Not collected by pytest (no test_ prefix)."""
+bench_fp8_gemm; bench_draft_confidence_rows borrows the empty launch). Not collected by pytest
+(no test_ prefix)."""
 from __future__ import annotations
 
 import datetime
@@ -42,18 +43,22 @@ def _triton():
 _EMPTY = {}
 
 
-def empty_launch():
-    """A callable launching one empty Triton kernel: the single-launch floor."""
-    if "fn" not in _EMPTY:
+def empty_launch(programs: int = 1, num_warps: int = 4):
+    """A callable launching one empty Triton kernel over ``programs`` programs: the single-launch
+    floor (one program), or the dispatch cost of a grid of that size."""
+    key = (programs, num_warps)
+    if key not in _EMPTY:
         triton, tl = _triton()
+        if "kernel" not in _EMPTY:
+            @triton.jit
+            def _empty_kernel(x_ptr):
+                pass
 
-        @triton.jit
-        def _empty_kernel(x_ptr):
-            pass
-
-        buf = torch.empty(1, device="cuda")
-        _EMPTY["fn"] = lambda: _empty_kernel[(1,)](buf)
-    return _EMPTY["fn"]
+            _EMPTY["kernel"] = _empty_kernel
+            _EMPTY["buf"] = torch.empty(1, device="cuda")
+        kernel, buf = _EMPTY["kernel"], _EMPTY["buf"]
+        _EMPTY[key] = lambda: kernel[(programs,)](buf, num_warps=num_warps)
+    return _EMPTY[key]
 
 
 def time_us(fn, mode: str) -> float:

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from radiance.kernels import draft_confidence as dc  # noqa: E402
 
 import bench_draft_confidence as bdc  # noqa: E402
+from _fp8_epilogue_common import empty_launch  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -275,11 +276,6 @@ def timed(name, b, make, bufs, bw, rounds, results, check=True):
     return r
 
 
-@triton.jit
-def _empty_kernel(x_ptr):
-    pass
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bs", default="8,64,128")
@@ -309,11 +305,11 @@ def main(argv=None) -> int:
           f"{bw / 1e12:.2f} TB/s", flush=True)
     results = []
     if args.empty:
-        dummy = [torch.empty(1, device="cuda") for _ in range(4)]
+        dummy = [torch.empty(1, device="cuda") for _ in range(4)]  # gpu_us wants 4 "inputs"
         for n in (8, 132, 528, 1056, 2112):
             timed(f"empty grid of {n} one-warp programs", 0,
-                  lambda x, n=n: (lambda: _empty_kernel[(n,)](x, num_warps=1)), dummy, bw,
-                  args.rounds, results, check=False)
+                  lambda _, n=n: empty_launch(n, num_warps=1), dummy, bw, args.rounds, results,
+                  check=False)
     for b in [int(v) for v in args.bs.split(",")]:
         bufs = bdc.inputs(b, torch.bfloat16)
         print(f"B={b}: {len(bufs)} rotating inputs", flush=True)
