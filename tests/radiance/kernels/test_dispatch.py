@@ -13,6 +13,14 @@ from radiance.kernels.dispatch import eager_gpu_call
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 
 
+def same(got, want):
+    """Every output bit-identical (fp8 codes compared as bytes: torch.equal has no fp8 kernel)."""
+    for a, b in zip(got, want, strict=True):
+        if a.dtype.itemsize == 1:
+            a, b = a.view(torch.uint8), b.view(torch.uint8)
+        assert torch.equal(a, b)
+
+
 def test_cpu_tensors_take_the_op():
     assert not eager_gpu_call(torch.zeros(2))
     assert not eager_gpu_call()  # no tensors: nothing to decide on
@@ -41,13 +49,10 @@ def test_public_entries_on_cpu_equal_their_ops():
     torch.manual_seed(0)
     y, r = torch.randn(4, 256, dtype=torch.bfloat16), torch.randn(4, 256, dtype=torch.bfloat16)
     w = torch.randn(256, dtype=torch.bfloat16)
-    for a, b in zip(arq.add_rms_quant(y, r, w, 1e-6),
-                    torch.ops.radiance.add_rms_quant(y, r, w, 1e-6, 0, torch.float8_e4m3fn)):
-        assert torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1 else a,
-                           b.view(torch.uint8) if b.dtype.itemsize == 1 else b)
+    same(arq.add_rms_quant(y, r, w, 1e-6),
+         torch.ops.radiance.add_rms_quant(y, r, w, 1e-6, 0, torch.float8_e4m3fn))
     logits = torch.randn(3, 1000)
-    for a, b in zip(dc.draft_confidence(logits), torch.ops.radiance.draft_confidence(logits, -1)):
-        assert torch.equal(a, b)
+    same(dc.draft_confidence(logits), torch.ops.radiance.draft_confidence(logits, -1))
 
 
 @pytest.mark.gpu
@@ -61,13 +66,6 @@ def test_eager_gpu_entries_skip_the_dispatcher_and_match_the_ops():
     r = torch.randn(8, 2048, dtype=torch.bfloat16, device=dev)
     w = torch.randn(2048, dtype=torch.bfloat16, device=dev)
     fp8 = torch.float8_e4m3fn
-
-    def same(got, want):
-        for a, b in zip(got, want):
-            if a.dtype.itemsize == 1:
-                a, b = a.view(torch.uint8), b.view(torch.uint8)
-            assert torch.equal(a, b)
-
     same(arq.add_rms_quant(y, r, w, 1e-6, 128, fp8),
          torch.ops.radiance.add_rms_quant(y, r, w, 1e-6, 128, fp8))
     same(qf.quant_fp8(y, 0, fp8), torch.ops.radiance.quant_fp8(y, 0, fp8))
