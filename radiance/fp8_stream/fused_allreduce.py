@@ -27,6 +27,7 @@ import torch
 from ..kernels.add_rms_quant import (
     add_rms_quant_reference,
     check_group,
+    fp8_tag,
     launch_params,
     quant_constexprs,
     resolve_fp8_dtype,
@@ -183,7 +184,7 @@ def _register_aot() -> None:
             for group in SUPPORTED_GROUPS:
                 consts = {**quant_constexprs(group, fp8_dtype), "BLOCK_A": block_a, "BLOCK_B": block_b,
                           "LOG2": log2}
-                fmt = "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
+                fmt = fp8_tag(fp8_dtype)
                 aot.register(aot.AotSpec(
                     name=f"allreduce_add_rms_quant[2 ranks,bf16,K{k},{fmt},g{group}]", feature="fp8_stream",
                     kernel=_allreduce_add_rms_quant_kernel,

@@ -516,6 +516,11 @@ def native_constexprs(device: torch.device, fp8_dtype: torch.dtype) -> dict:
             and torch.cuda.get_device_capability(device) >= (8, 9)}
 
 
+def fp8_tag(fp8_dtype: torch.dtype) -> str:
+    """The fp8 format's short name in AOT spec names: 'fn' (e4m3fn) or 'fnuz' (e4m3fnuz)."""
+    return "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
+
+
 def codes_as_bytes(fp8_dtype: torch.dtype) -> bool:
     """Whether a kernel must be handed the fp8 codes as uint8: the interpreter has no fp8
     pointers, and Triton on NVIDIA none of the fnuz format."""
@@ -663,7 +668,7 @@ def _register_aot() -> None:
                     consts = {**quant_constexprs(group, fp8_dtype), "BLOCK_A": block_a,
                               "BLOCK_B": block_b, "LOG2": log2, "NATIVE": native,
                               "HW_FP8": hw_fp8 and fp8_dtype == torch.float8_e4m3fn}
-                    fmt = "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
+                    fmt = fp8_tag(fp8_dtype)
                     aot.register(aot.AotSpec(
                         name=f"add_rms_quant[bf16,K{k},{fmt},g{group},{archs[0]}]", feature="fp8_stream",
                         kernel=_add_rms_quant_kernel,

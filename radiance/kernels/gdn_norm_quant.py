@@ -48,6 +48,7 @@ from .add_rms_quant import (
     codes_as_bytes,
     div_rn,
     exact_sumsq,
+    fp8_tag,
     native_constexprs,
     quant_constexprs,
     quantize_reference,
@@ -274,7 +275,7 @@ def _register_aot() -> None:
         for fp8_dtype in FP8_DTYPES:
             sig = {"x_ptr": "*bf16", "z_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": FP8_POINTER[fp8_dtype],
                    "s_ptr": "*fp32", "H": "i32", "stride_z": "i32", "eps": "fp32"}
-            fmt = "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
+            fmt = fp8_tag(fp8_dtype)
             for group in SUPPORTED_GROUPS:
                 for archs, (native, hw_fp8) in AOT_TARGETS.items():
                     consts = {"D": AOT_HEAD_DIM, "HB": hb, "LOG2": log2,

@@ -20,6 +20,7 @@ from .add_rms_quant import (
     aot_options,
     check_group,
     codes_as_bytes,
+    fp8_tag,
     launch_params,
     native_constexprs,
     quant_constexprs,
@@ -176,7 +177,7 @@ def _register_aot() -> None:
                 else:
                     consts.update(BLOCK_A=block_a, BLOCK_B=block_b)
                     num_warps, kernel = token_warps, _quant_fp8_kernel
-                fmt = "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
+                fmt = fp8_tag(fp8_dtype)
                 aot.register(aot.AotSpec(
                     name=f"quant_fp8[bf16,K{k},{fmt},g{group}]", feature="fp8_stream",
                     kernel=kernel,

@@ -28,6 +28,7 @@ from .add_rms_quant import (
     aot_options,
     check_group,
     div_rn,
+    fp8_tag,
     launch_params,
     quant_constexprs,
     quantize_reference,
@@ -231,7 +232,7 @@ def _register_aot() -> None:
         for fp8_dtype in FP8_DTYPES:
             for group in SUPPORTED_GROUPS:
                 consts = {**quant_constexprs(group, fp8_dtype), "BLOCK_A": block_a, "BLOCK_B": block_b}
-                fmt = "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
+                fmt = fp8_tag(fp8_dtype)
                 aot.register(aot.AotSpec(
                     name=f"silu_mul_quant[bf16,N{n},{fmt},g{group}]", feature="fp8_stream",
                     kernel=_silu_mul_quant_kernel,
