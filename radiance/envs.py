@@ -125,6 +125,9 @@ _KNOBS = (
     Knob("RADIANCE_DRAFT_SCHEDULE", "1:8,2:7,4:6,8:5,16:4", parse_schedule,
          "Batch-size schedule 'bs:max_depth,...' capping serial MTP forwards (carry-forward); "
          "empty disables the cap."),
+    Knob("RADIANCE_DRAFT_LOCAL_VOCAB", "1", parse_bool,
+         "At TP>1, take each draft token and its confidence from the vocabulary shards (three floats "
+         "per row exchanged); 0 gathers the full logit rows as stock MTP does (same tokens)."),
     # --- w4-drafter / int4-head --------------------------------------------------------
     Knob("RADIANCE_W4_DRAFTER", "0", parse_bool,
          "Quantise the drafter's linears to 4-bit (W4A16) at load; lossless for the target."),

@@ -121,6 +121,7 @@ class DynamicDraftPatch(Patch):
     def __init__(self) -> None:
         super().__init__()
         self.policy: DraftPolicy | None = None
+        self.local_vocab = True  # RADIANCE_DRAFT_LOCAL_VOCAB, read at install
         self.counters: DraftCounters | None = None
         self.steps_declined: dict[str, int] = {}
         self.slots_observed = 0  # per-slot hook calls that reached the controller (tests)
@@ -128,6 +129,7 @@ class DynamicDraftPatch(Patch):
     def guard(self) -> str | None:
         try:
             self.policy = DraftPolicy.from_env()
+            self.local_vocab = envs.get("RADIANCE_DRAFT_LOCAL_VOCAB")
         except envs.KnobError as exc:  # a bad knob is a startup error, said once and clearly
             return str(exc)
         if _vllm_config_v2():
@@ -344,8 +346,7 @@ class DynamicDraftPatch(Patch):
 
         return _sample_draft_tokens
 
-    @staticmethod
-    def _top1(proposer, hidden_states) -> tuple[torch.Tensor, torch.Tensor]:
+    def _top1(self, proposer, hidden_states) -> tuple[torch.Tensor, torch.Tensor]:
         """The stock greedy token (argmax of the draft logits, lowest id on ties) and its
         probability. At TP>1 from vocabulary shards, without gathering the rows."""
         from vllm.distributed import (get_tensor_model_parallel_world_size,
@@ -356,7 +357,8 @@ class DynamicDraftPatch(Patch):
         lp = getattr(model, "logits_processor", None)
         head = getattr(model, "lm_head", None)
         shard = getattr(head, "shard_indices", None)
-        local_ok = (tp > 1 and lp is not None and shard is not None
+        local_ok = (tp > 1 and self.local_vocab
+                    and lp is not None and shard is not None
                     and getattr(lp, "scale", None) == 1.0
                     and getattr(lp, "soft_cap", 0.0) is None
                     and not getattr(lp, "logits_as_input", True)

@@ -1,5 +1,13 @@
-"""dynamic-draft at TP=2 on real vLLM (CPU, gloo): drafts sampled from vocabulary shards (three floats
-per row exchanged, never the full row) give the same greedy outputs as TP=1."""
+"""dynamic-draft at TP=2 on real vLLM (CPU, gloo) is lossless against stock MTP at TP=2.
+
+TP=2 changes the target's own numerics (partial sums all-reduced in bf16, other CPU kernels), so
+TP=1 is no reference for TP=2: a near-tie may break the other way. The references here run at the
+same TP and the same depth:
+
+* stock MTP (RADIANCE_DYNAMIC_DRAFT=0) -- what dynamic-draft must reproduce token for token;
+* dynamic-draft with the drafts taken from gathered logit rows (RADIANCE_DRAFT_LOCAL_VOCAB=0) --
+  what the local-vocabulary path (three floats per row exchanged, never the row) must reproduce.
+"""
 from __future__ import annotations
 
 import json
@@ -13,33 +21,52 @@ import pytest
 pytestmark = pytest.mark.e2e
 HERE = Path(__file__).resolve().parent
 TRAINED = HERE.parents[1] / "models" / "tiny-qwen3next-trained"
+RUNS = {
+    "stock": {"RADIANCE_DYNAMIC_DRAFT": "0"},
+    "local": {"RADIANCE_DYNAMIC_DRAFT": "1", "RADIANCE_DRAFT_LOCAL_VOCAB": "1"},
+    "gathered": {"RADIANCE_DYNAMIC_DRAFT": "1", "RADIANCE_DRAFT_LOCAL_VOCAB": "0"},
+}
 
 
-def _run(tmp_path: Path, tp: int) -> tuple[dict, str]:
-    out = tmp_path / f"tp{tp}.json"
-    env = dict(os.environ, RADIANCE_ENABLE="1", RADIANCE_DYNAMIC_DRAFT="1",
-               VLLM_CPU_OMP_THREADS_BIND="0|1" if tp == 2 else "0")
+def _run(tmp_path: Path, name: str) -> tuple[dict, str]:
+    out = tmp_path / f"{name}.json"
+    env = dict(os.environ, RADIANCE_ENABLE="1", VLLM_CPU_OMP_THREADS_BIND="0|1", **RUNS[name])
     proc = subprocess.run([sys.executable, str(HERE / "run_greedy.py"), str(TRAINED), str(out), "--k", "8",
-                           "--tp", str(tp)], env=env, capture_output=True, text=True, timeout=900)
+                           "--tp", "2"], env=env, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     return json.loads(out.read_text()), log
 
 
-def test_tp2_local_vocab_equals_tp1(tmp_path):
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
     if not (TRAINED / "model.safetensors").exists():
         pytest.skip("trained tiny model not present")
-    tp1, _ = _run(tmp_path, 1)
-    tp2, log = _run(tmp_path, 2)
+    tmp = tmp_path_factory.mktemp("tp2")
+    return {name: _run(tmp, name) for name in RUNS}
+
+
+def test_local_vocab_path_ran(runs):
+    _, log = runs["local"]
     assert "dynamic-draft samples drafts from vocabulary shards (TP=2" in log, log[-3000:]
     assert "latched off" not in log and "runs stock MTP" not in log, log[-3000:]
-    assert tp2["token_ids"] == tp1["token_ids"]
-    # The draft counts need not repeat, not even TP=1 against itself (55 drafts in one CI run, 53
-    # in the next, same inputs): the engine core steps in its own process while requests are
-    # still arriving, so batch composition varies with load, and the schedule's forward cap
-    # depends on the batch size. The outputs cannot vary: the target verifies every token.
-    print(f"[dynamic-draft tp2] TP=1 {tp1['metrics']} / TP=2 {tp2['metrics']}")
-    drafts1, drafts2 = (m["vllm:spec_decode_num_drafts"] for m in (tp1["metrics"], tp2["metrics"]))
-    acc1, acc2 = (m["vllm:spec_decode_num_accepted_tokens"] for m in (tp1["metrics"], tp2["metrics"]))
-    assert drafts2 > 0 and abs(drafts2 - drafts1) <= 0.1 * drafts1
-    assert abs(acc2 - acc1) <= 0.1 * acc1
+    _, log = runs["gathered"]
+    assert "vocabulary shards" not in log and "latched off" not in log, log[-3000:]
+
+
+def test_tp2_dynamic_draft_equals_stock_mtp_at_tp2(runs):
+    stock = runs["stock"][0]["token_ids"]
+    for name in ("local", "gathered"):
+        got = runs[name][0]["token_ids"]
+        diff = [i for i, (a, b) in enumerate(zip(stock, got)) if a != b]
+        assert len(got) == len(stock) and not diff, f"{name}: prompts {diff} differ from stock MTP at TP=2"
+
+
+def test_tp2_local_vocab_equals_gathered(runs):
+    assert runs["local"][0]["token_ids"] == runs["gathered"][0]["token_ids"]
+    # The draft counts need not repeat between runs (the engine core steps while requests are still
+    # arriving, so batch composition and the schedule's forward cap vary with load); the outputs
+    # cannot vary: the target verifies every token.
+    metrics = {name: r[0]["metrics"] for name, r in runs.items()}
+    print(f"[dynamic-draft tp2] {metrics}")
+    assert metrics["local"]["vllm:spec_decode_num_drafts"] > 0
