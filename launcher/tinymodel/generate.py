@@ -42,8 +42,10 @@ def write_tokenizer(out_dir: Path, gsm8k_dir: Path | None = None) -> tuple[dict[
     return ids, provenance
 
 
-def write_configs(out_dir: Path, ids: dict[str, int], mlp_only_layers=(), quantization: dict | None = None) -> None:
-    hf = config.hf_config(bos_id=None, eos_id=ids["im_end"], pad_id=ids["pad"], mlp_only_layers=mlp_only_layers)
+def write_configs(out_dir: Path, ids: dict[str, int], mlp_only_layers=(), quantization: dict | None = None,
+                  arch: config.Arch = config.QWEN3_NEXT) -> None:
+    hf = config.hf_config(bos_id=None, eos_id=ids["im_end"], pad_id=ids["pad"], mlp_only_layers=mlp_only_layers,
+                          arch=arch)
     if quantization is not None:
         hf["quantization_config"] = quantization
     _write_json(out_dir / "config.json", hf)
@@ -75,8 +77,9 @@ def write_metadata(out_dir: Path, extra: dict) -> None:
 
 
 def write_model(out_dir: Path, seed: int = 0, gsm8k_dir: Path | None = None, *, mlp_only_layers=(),
-                embed_scale: float = 1.0, norm_std: float = 0.0, fp8_blocks: bool = False) -> Path:
-    """Generate the random-weight model into an existing, empty ``out_dir``.
+                embed_scale: float = 1.0, norm_std: float = 0.0, fp8_blocks: bool = False,
+                arch: config.Arch = config.QWEN3_NEXT) -> Path:
+    """Generate the random-weight model of ``arch`` into an existing, empty ``out_dir``.
 
     ``mlp_only_layers`` / ``embed_scale`` / ``norm_std``: a variant for numerics tests (dense MLPs
     where listed, decisive greedy logits, distinct norm weights); see weights.py. ``fp8_blocks``:
@@ -86,15 +89,15 @@ def write_model(out_dir: Path, seed: int = 0, gsm8k_dir: Path | None = None, *, 
     from launcher.tinymodel import weights
 
     out_dir = Path(out_dir)
-    mlp_only_layers = config.check_mlp_only_layers(mlp_only_layers)
+    mlp_only_layers = config.check_mlp_only_layers(mlp_only_layers, arch)
     ids, provenance = write_tokenizer(out_dir, gsm8k_dir)
-    state = weights.random_state_dict(seed, mlp_only_layers, embed_scale, norm_std)
+    state = weights.random_state_dict(seed, mlp_only_layers, embed_scale, norm_std, arch)
     quantization = None
     if fp8_blocks:
         from launcher.tinymodel import fp8
 
-        state, quantization = fp8.convert(state, config.tensor_layout(mlp_only_layers))
-    write_configs(out_dir, ids, mlp_only_layers, quantization)
+        state, quantization = fp8.convert(state, config.tensor_layout(mlp_only_layers, arch))
+    write_configs(out_dir, ids, mlp_only_layers, quantization, arch)
     weights.save(state, out_dir)
     variant = {}
     if mlp_only_layers or embed_scale != 1.0 or norm_std or fp8_blocks:
@@ -102,5 +105,6 @@ def write_model(out_dir: Path, seed: int = 0, gsm8k_dir: Path | None = None, *, 
                                "norm_std": norm_std}}
         if fp8_blocks:
             variant["variant"]["fp8_blocks"] = True
-    write_metadata(out_dir, {"kind": "random", "seed": seed, **provenance, **variant})
+    arch_meta = {} if arch is config.QWEN3_NEXT else {"arch": arch.name}
+    write_metadata(out_dir, {"kind": "random", "seed": seed, **arch_meta, **provenance, **variant})
     return out_dir

@@ -25,15 +25,15 @@ INIT_STD = 0.02
 
 
 def random_state_dict(seed: int, mlp_only_layers=(), embed_scale: float = 1.0,
-                      norm_std: float = 0.0) -> dict:
-    """Every tensor of ``config.tensor_layout(mlp_only_layers)``; only torch's CPU generator, no
-    global RNG state."""
+                      norm_std: float = 0.0, arch: config.Arch = config.QWEN3_NEXT) -> dict:
+    """Every tensor of ``config.tensor_layout(mlp_only_layers, arch)``; only torch's CPU generator,
+    no global RNG state."""
     import torch
 
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)
     out = {}
-    for name, shape, role in config.tensor_layout(mlp_only_layers):
+    for name, shape, role in config.tensor_layout(mlp_only_layers, arch):
         if role in ("linear", "embed"):
             t = torch.empty(shape, dtype=torch.float32).normal_(0.0, INIT_STD, generator=gen)
             if role == "embed" and embed_scale != 1.0:

@@ -111,6 +111,10 @@ def device_fp8_dtype(device: torch.device) -> torch.dtype:
 class BlockFp8StreamLinearMethod(Fp8InputMethod):
     """W8A8: the checkpoint's 128x128-block fp8 weights, fp8 activations per group of 128."""
 
+    # Described as vLLM's Fp8LinearMethod describes a block checkpoint (the w4-drafter reads these).
+    block_quant = True
+    weight_block_size = BLOCK
+
     def __init__(self) -> None:
         setattr(self, FP8_INPUT_ATTR, Fp8Input(GROUP, CHECKPOINT_FP8))
 

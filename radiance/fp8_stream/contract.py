@@ -16,6 +16,8 @@ The layer forward keeps vLLM's contract -- ``(hidden_states, residual)`` in and 
 ``tensor_model_parallel_all_reduce`` then ``add_rms_quant`` with the norm's own weight and
 epsilon, producing ``(q, scale)`` -- wrapped as an ``Fp8Activation`` (activation.py), so the
 stock module code between the layer and its linears runs unchanged -- and the new residual.
+At TP=2 on GPUs both steps are one op, the fused two-rank kernel (fused_allreduce.py; same
+bits), unless RADIANCE_FP8_STREAM_FUSED_AR=0.
 The branches the plan's guards exclude (layer_scale, sequence-parallel MoE) are not
 reproduced here.
 """
@@ -42,6 +44,7 @@ class LayerFlags:
     in_dtype: torch.dtype = torch.float8_e4m3fn
     mid_group: int = 0
     mid_dtype: torch.dtype = torch.float8_e4m3fn
+    fused: bool = False  # the two-rank fused all-reduce epilogue (TP=2, GPU)
 
 
 @dataclass
@@ -51,27 +54,23 @@ class Installed:
     layers: list = field(default_factory=list)    # layers whose forward was bound
     gdn: list = field(default_factory=list)       # GDN modules given the fused norm + quant
     gdn_refused: dict = field(default_factory=dict)  # {why: [layer indices]} kept stock
+    fused: bool = False  # the sites call the two-rank fused all-reduce epilogue
 
     def summary(self) -> str:
         text = self.plan.summary()
+        if self.fused:
+            text += "; each all-reduce + epilogue one two-rank kernel"
         if self.gdn or self.gdn_refused:
             text += "; " + gdn.summary(self.gdn, self.gdn_refused)
         return text
 
 
-def _all_reduce(x: torch.Tensor) -> torch.Tensor:
-    from vllm.distributed import tensor_model_parallel_all_reduce
+def _epilogue(partial: torch.Tensor, residual: torch.Tensor, norm, group: int, fp8_dtype, fused: bool):
+    from .fused_allreduce import allreduce_epilogue
 
-    return tensor_model_parallel_all_reduce(x)
-
-
-def _epilogue(partial: torch.Tensor, residual: torch.Tensor, norm, group: int, fp8_dtype):
-    from radiance.kernels.add_rms_quant import add_rms_quant
-
-    y = _all_reduce(partial)
-    q, scale, residual = add_rms_quant(y, residual, norm.weight, norm.variance_epsilon, group,
-                                       fp8_dtype)
-    return Fp8Activation(q, scale, y.dtype), residual
+    q, scale, residual = allreduce_epilogue(partial, residual, norm.weight, norm.variance_epsilon, group,
+                                            fp8_dtype, fused)
+    return Fp8Activation(q, scale, partial.dtype), residual
 
 
 def stream_forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | None,
@@ -81,7 +80,7 @@ def stream_forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | N
     if flags.stream_in:
         # hidden_states: the previous layer's un-reduced down_proj output.
         x, residual = _epilogue(hidden_states, residual, self.input_layernorm,
-                                flags.in_group, flags.in_dtype)
+                                flags.in_group, flags.in_dtype, flags.fused)
     elif residual is None:
         residual = hidden_states
         x = self.input_layernorm(hidden_states)
@@ -96,21 +95,23 @@ def stream_forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | N
     if flags.stream_mid:
         # attn_out: this layer's un-reduced o_proj/out_proj output.
         x, residual = _epilogue(attn_out, residual, self.post_attention_layernorm,
-                                flags.mid_group, flags.mid_dtype)
+                                flags.mid_group, flags.mid_dtype, flags.fused)
     else:
         x, residual = self.post_attention_layernorm(attn_out, residual)
     return self.mlp(x), residual
 
 
-def install(core: torch.nn.Module, plan: StreamPlan, gdn_norm_quant: bool = False) -> Installed:
+def install(core: torch.nn.Module, plan: StreamPlan, gdn_norm_quant: bool = False,
+            fused: bool = False) -> Installed:
     """Apply ``plan`` (which must not be declined) to ``core``; all or nothing. With
-    ``gdn_norm_quant``, also the fused GDN epilogue wherever gdn.py's guards hold."""
+    ``gdn_norm_quant``, also the fused GDN epilogue wherever gdn.py's guards hold; with
+    ``fused``, the sites call the two-rank fused all-reduce epilogue."""
     if plan.declined:
         raise ValueError(f"cannot install a declined plan: {plan.declined}")
     if getattr(core, INSTALLED_ATTR, None) is not None:
         raise RuntimeError("fp8-stream is already installed on this model")
     layers = list(core.layers)
-    done = Installed(plan)
+    done = Installed(plan, fused=fused)
     setattr(core, INSTALLED_ATTR, done)
     try:
         for layer, lp in zip(layers, plan.layers):
@@ -129,7 +130,7 @@ def install(core: torch.nn.Module, plan: StreamPlan, gdn_norm_quant: bool = Fals
                     fmt_in.group_size if fmt_in else 0,
                     fmt_in.fp8_dtype if fmt_in else torch.float8_e4m3fn,
                     fmt_mid.group_size if fmt_mid else 0,
-                    fmt_mid.fp8_dtype if fmt_mid else torch.float8_e4m3fn))
+                    fmt_mid.fp8_dtype if fmt_mid else torch.float8_e4m3fn, fused))
                 layer.forward = types.MethodType(stream_forward, layer)
                 done.layers.append(layer)
         if gdn_norm_quant:

@@ -28,7 +28,8 @@ The GEMM is ``torch.ops.radiance.fp8_gemm`` (``_scaled_mm`` / Triton on a GPU, t
 on CPU). plan.py reads ``radiance_fp8_input`` to decide which sites may stream.
 
 Left unquantised in the bf16 mode (``UnquantizedLinearMethod`` or None, as vLLM's configs
-do): the MoE router gate and the shared-expert gate (tiny, and they feed a softmax/sigmoid),
+do): a VL model's vision tower (``visual.*``), the MoE router gate and the shared-expert gate
+(tiny, and they feed a softmax/sigmoid),
 lm_head and the embeddings (not LinearBase here), the routed experts (FusedMoE keeps its
 stock method, so sparse-MoE sites decline in the plan), attention KV caches. In the block
 mode the checkpoint's ``modules_to_not_convert`` decides, and experts / KV caches get what
@@ -58,10 +59,13 @@ from .plan import FP8_INPUT_ATTR, Fp8Input
 QUANT_NAME = "radiance_fp8"
 # Prefix suffixes that stay in the checkpoint dtype.
 SKIPPED_SUFFIXES = (".gate", ".shared_expert_gate", "lm_head")
+# A VL wrapper's vision tower (Qwen3.5's ``visual.*``): not part of the decoder the stream feeds,
+# and its activations are not what the per-token quantiser was chosen for.
+SKIPPED_TREES = ("visual",)
 
 
 def skipped(prefix: str) -> bool:
-    return prefix.endswith(SKIPPED_SUFFIXES)
+    return prefix.endswith(SKIPPED_SUFFIXES) or any(part in SKIPPED_TREES for part in prefix.split("."))
 
 
 def as_codes(x: torch.Tensor | Fp8Activation, spec: Fp8Input):

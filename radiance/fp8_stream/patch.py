@@ -4,13 +4,18 @@ Hooks (vLLM 0.32.0):
   * ``BaseModelLoader.load_model`` -- after the stock load (weights processed), find the
     Qwen3NextModel core, plan it (plan.py: every guard of the seed) and install the plan
     (contract.py), or decline with one log line; the model returned is stock on any error.
-  * ``EagleModelMixin._set_aux_hidden_state_layers`` -- the model runner sets EAGLE-3
-    hidden-state taps *after* load_model; a tap on an installed model takes the contract
-    off again (one warning), since a tap reads ``hidden + residual`` between layers.
+  * ``EagleModelMixin._set_aux_hidden_state_layers`` and, where vLLM's Qwen3.5 module loads,
+    ``Qwen3_5ForCausalLMBase.set_aux_hidden_state_layers`` (it writes the core's taps itself,
+    past the mixin) -- the model runner sets DFlash / EAGLE-3 hidden-state taps *after*
+    load_model; on an installed model the plan is made again around them (plan.py: the tapped
+    layers' down sites keep the stock contract), so a DFlash drafter and fp8-stream run
+    together; if the new plan declines, the contract comes off (one warning).
 Checked for presence only (``relied_on``): ``Qwen3NextDecoderLayer.forward`` (the body
-contract.py mirrors), the aux-tap attribute, ``Qwen3NextRMSNorm`` being ``GemmaRMSNorm``
-(the norm add_rms_quant reproduces), ``tensor_model_parallel_all_reduce`` and
-``RowParallelLinear.forward`` (which honours ``reduce_results``).
+contract.py mirrors; each layer is checked to run it, so Qwen3.5's subclass qualifies and a
+layer with its own forward does not), the aux-tap attribute, ``Qwen3NextRMSNorm`` being
+``GemmaRMSNorm`` (the norm add_rms_quant reproduces; each layer's norms are checked too),
+``tensor_model_parallel_all_reduce`` and ``RowParallelLinear.forward`` (which honours
+``reduce_results``).
 
 Knobs: RADIANCE_FP8_STREAM, RADIANCE_GDN_NORM_QUANT (the fused GDN epilogue, gdn.py; read
 at install) (radiance/envs.py). The traced graph changes where the contract
@@ -21,19 +26,34 @@ from __future__ import annotations
 import functools
 import logging
 
+from .. import envs
 from ..patching import Patch, resolve
 from . import contract, gdn
-from .plan import find_core, plan_stream
+from .plan import find_core, plan_stream, taps_of
 
 logger = logging.getLogger("radiance")
 
 _QWEN3_NEXT = "vllm.model_executor.models.qwen3_next"
+# Setters of the taps that bypass the mixin's (optional: present when the module imports).
+_TAP_SETTERS = ("vllm.model_executor.models.qwen3_5.Qwen3_5ForCausalLMBase.set_aux_hidden_state_layers",)
 
 
 def _parallel_sizes() -> tuple[int, int]:
     from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
 
     return get_tensor_model_parallel_world_size(), get_pp_group().world_size
+
+
+def fused_allreduce_wanted(tp: int) -> bool:
+    """The two-rank fused epilogue: TP=2 on a CUDA / ROCm platform, RADIANCE_FP8_STREAM_FUSED_AR on."""
+    if tp != 2 or not envs.get("RADIANCE_FP8_STREAM_FUSED_AR"):
+        return False
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cuda_alike())
+    except Exception:
+        return False
 
 
 def install_on(model, sizes=None) -> str:
@@ -47,8 +67,26 @@ def install_on(model, sizes=None) -> str:
         line = f"fp8-stream declined, stock contract: {plan.declined}"
         logger.warning("radiance: %s", line)
         return line
-    done = contract.install(core, plan, gdn_norm_quant=gdn.enabled())
+    done = contract.install(core, plan, gdn_norm_quant=gdn.enabled(), fused=fused_allreduce_wanted(tp))
     line = f"fp8-stream installed: {done.summary()}"
+    logger.info("radiance: %s", line)
+    return line
+
+
+def replan_for_taps(core, sizes=None) -> str | None:
+    """The taps of an installed core changed: plan again around them (None: nothing to do)."""
+    done = contract.installed(core)
+    if done is None or done.plan.taps == taps_of(core):
+        return None
+    contract.uninstall(core)
+    tp, pp = sizes if sizes is not None else _parallel_sizes()
+    plan = plan_stream(core, tp, pp)
+    if plan.declined:
+        line = f"fp8-stream taken off, stock contract: {plan.declined}"
+        logger.warning("radiance: %s", line)
+        return line
+    done = contract.install(core, plan, gdn_norm_quant=gdn.enabled(), fused=fused_allreduce_wanted(tp))
+    line = f"fp8-stream installed again around the auxiliary hidden-state taps: {done.summary()}"
     logger.info("radiance: %s", line)
     return line
 
@@ -104,16 +142,30 @@ class Fp8StreamPatch(Patch):
                 patch.latch_off(f"install raised {type(exc).__name__}: {exc}")
             return model
 
-        @functools.wraps(set_taps)
-        def set_taps_then_check(core, layers, *args, **kwargs):
-            result = set_taps(core, layers, *args, **kwargs)
-            if tuple(layers or ()) and contract.uninstall(core):
-                logger.warning("radiance: fp8-stream taken off, stock contract: auxiliary "
-                               "hidden-state taps were set at layers %s", tuple(layers))
-            return result
+        def after_taps(setter):
+            @functools.wraps(setter)
+            def set_taps_then_replan(owner, layers, *args, **kwargs):
+                result = setter(owner, layers, *args, **kwargs)
+                core = find_core(owner)
+                if core is not None and not patch.latched_off:
+                    try:
+                        replan_for_taps(core)
+                    except Exception as exc:  # stock contract, never a broken model
+                        contract.uninstall(core)
+                        patch.latch_off(f"re-planning around taps raised {type(exc).__name__}: {exc}")
+                return result
+
+            return set_taps_then_replan
 
         self.replace(loader_cls, "load_model", load_model_then_stream)
-        self.replace(mixin, "_set_aux_hidden_state_layers", set_taps_then_check)
+        self.replace(mixin, "_set_aux_hidden_state_layers", after_taps(set_taps))
+        for path in _TAP_SETTERS:
+            try:
+                owner, attr, setter = resolve(path)
+            except LookupError:
+                continue
+            if attr in vars(owner):
+                self.replace(owner, attr, after_taps(setter))
 
 
 PATCHES = [Fp8StreamPatch()]

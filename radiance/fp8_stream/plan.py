@@ -7,11 +7,17 @@ every one refused, why. contract.py applies a plan; patch.py makes and logs it a
 Model-wide guards (any one declines the whole feature, stock contract, one log line):
   * tensor parallel > 1 -- at TP=1 there is no all-reduce for the epilogue to absorb;
   * pipeline parallel == 1 -- the (partial, residual) exchange must not cross a PP boundary;
-  * no auxiliary hidden-state taps (EAGLE-3 style ``aux_hidden_state_layers``): a tap reads
-    ``hidden + residual`` between layers, and there ``hidden`` would be a partial sum;
   * no sequence-parallel MoE (``use_attn_reduce_scatter_for_moe``): its reduce-scatter /
     all-gather replace the all-reduce the epilogue follows.
+Auxiliary hidden-state taps (``aux_hidden_state_layers``: DFlash / EAGLE-3 drafters read the
+target's ``hidden + residual`` after chosen layers): a tap at index t reads layer t-1's output,
+where a deferred ``down`` site would leave a partial sum, so layer t-1's down_proj keeps the stock
+contract (and layer t no ``stream_in``); every other site still streams, and the drafter sees
+exactly what stock gives it.
 Per-layer guards (the layer, and the sites that touch it, keep the stock contract):
+  * the layer runs the decoder body contract.py mirrors (``Qwen3NextDecoderLayer.forward``,
+    inherited unchanged by Qwen3.5's ``Qwen3_5DecoderLayer``) and its two norms are
+    ``GemmaRMSNorm`` (the norm add_rms_quant reproduces);
   * no ``layer_scale`` (the scaled branch sits between the all-reduce and the norm);
   * the MLP has no ``expert_gate`` (a gated shared expert scales the reduced output);
   * every module that receives the norm's output accepts a pre-quantised ``(q, scale)``
@@ -32,8 +38,10 @@ Consumers: a linear declares ``radiance_fp8_input`` through its quant method -- 
 ``radiance_fp8`` method (linear.py) does, vLLM's own methods do not. Full attention: qkv_proj.
 GDN attention: its stock forward only asks the input for ``.size(0)``/``.dtype``/``.device``
 (an ``Fp8Activation`` answers those) and feeds in_proj_qkvz and in_proj_ba, so those two are
-the consumers (a GDN module declaring ``radiance_fp8_input`` itself would be taken whole; the
-LoRA layout with separate projections declines). Dense MLP: gate_up_proj. The sparse-MoE
+the consumers -- Qwen3-Next's interleaved one-shard projections and Qwen3.5's flat ones (vLLM
+fuses its four checkpoint tensors into a 4-shard qkvz and a 2-shard ba) alike (a GDN module
+declaring ``radiance_fp8_input`` itself would be taken whole; the LoRA layout with separate
+projections declines). Dense MLP (Qwen3.5 in every layer): gate_up_proj. The sparse-MoE
 block declares nothing (router, experts and shared expert all read the activation), so its
 post-attention site declines, naming the block; an all-MoE model declines as a whole.
 """
@@ -75,6 +83,7 @@ class LayerPlan:
 class StreamPlan:
     declined: str | None
     layers: list[LayerPlan] = field(default_factory=list)
+    taps: tuple[int, ...] = ()  # the aux hidden-state taps the plan was made around
 
     @property
     def n_in(self) -> int:
@@ -90,6 +99,8 @@ class StreamPlan:
         stock = [f"{lp.index}: {'; '.join(lp.reasons)}" for lp in self.layers if lp.reasons]
         text = (f"{self.n_in} input + {self.n_mid} post-attention epilogues over "
                 f"{len(self.layers)} layers ({self.n_in + self.n_mid} all-reduces fused)")
+        if self.taps:
+            text += f"; auxiliary hidden-state taps at {list(self.taps)} kept stock"
         return text + (f"; stock sites: {' | '.join(stock)}" if stock else "")
 
 
@@ -177,6 +188,16 @@ def _consumer_format(consumers, site: str) -> tuple[Fp8Input | None, str | None]
 
 
 def _layer_problem(layer) -> str | None:
+    from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+    from vllm.model_executor.models.qwen3_next import Qwen3NextDecoderLayer
+
+    if type(layer).forward is not Qwen3NextDecoderLayer.forward:
+        return (f"{type(layer).__name__} has its own forward, not the Qwen3NextDecoderLayer body the "
+                "contract mirrors")
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        norm = getattr(layer, name, None)
+        if not isinstance(norm, GemmaRMSNorm):
+            return f"{name} is {type(norm).__name__}, not GemmaRMSNorm (the norm add_rms_quant reproduces)"
     if getattr(layer, "layer_scale", False):
         return "layer_scale is set"
     if getattr(layer, "use_attn_reduce_scatter_for_moe", False):
@@ -190,14 +211,15 @@ def _layer_problem(layer) -> str | None:
 # The plan
 # ---------------------------------------------------------------------------------------
 
+def taps_of(core) -> tuple[int, ...]:
+    return tuple(sorted(set(getattr(core, "aux_hidden_state_layers", ()) or ())))
+
+
 def model_problem(core, tp_size: int, pp_size: int) -> str | None:
     if tp_size <= 1:
         return f"tensor parallel size is {tp_size}: no all-reduce for the epilogue to absorb"
     if pp_size != 1:
         return f"pipeline parallel size is {pp_size}: the (partial, residual) exchange would cross ranks"
-    taps = tuple(getattr(core, "aux_hidden_state_layers", ()) or ())
-    if taps:
-        return f"auxiliary hidden-state taps at layers {taps} read hidden + residual between layers"
     layers = list(core.layers)
     if not layers:
         return "the decoder has no layers on this rank"
@@ -211,6 +233,7 @@ def plan_stream(core, tp_size: int, pp_size: int) -> StreamPlan:
     if problem:
         return StreamPlan(declined=problem)
     layers = list(core.layers)
+    taps = taps_of(core)
     plans = [LayerPlan(i, layer.layer_type) for i, layer in enumerate(layers)]
     own = [_layer_problem(layer) for layer in layers]
     for i, (layer, lp) in enumerate(zip(layers, plans)):
@@ -229,6 +252,9 @@ def plan_stream(core, tp_size: int, pp_size: int) -> StreamPlan:
         if own[i + 1]:
             lp.reasons.append(f"down_proj: next layer stays stock ({own[i + 1]})")
             continue
+        if i + 1 in taps:
+            lp.reasons.append(f"down_proj: the output of layer {i} is tapped (auxiliary hidden state {i + 1})")
+            continue
         fmt, why = _consumer_format(attention_consumers(nxt), f"layer {i + 1} input")
         why = why or _row_problem(mlp_row(layer), "down_proj")
         if why:
@@ -236,7 +262,7 @@ def plan_stream(core, tp_size: int, pp_size: int) -> StreamPlan:
         else:
             lp.defer_down = True
             plans[i + 1].stream_in, plans[i + 1].in_format = True, fmt
-    plan = StreamPlan(declined=None, layers=plans)
+    plan = StreamPlan(declined=None, layers=plans, taps=taps)
     if not plan.n_in and not plan.n_mid:
         first = next((f"layer {lp.index}: {lp.reasons[0]}" for lp in plans if lp.reasons), "")
         plan.declined = f"no site qualifies ({first}{', ...' if len(layers) > 1 else ''})"

@@ -6,9 +6,11 @@ is 0.61 GiB. This changes the target's numerics (the head decides the argmax), s
 only behind the accept-length / GSM8K gate; docs/benchmarks.md has the argmax agreement and
 top-16 overlap measured offline.
 
-Where it hooks (vLLM 0.32.0): Qwen3-Next builds its ``ParallelLMHead`` without a quant
-config, so the head's method is ``UnquantizedEmbeddingMethod``; its
-``process_weights_after_loading`` is wrapped. For the target's head (outside the drafter's
+Where it hooks (vLLM 0.32.0): a ``ParallelLMHead`` built without a quant config (Qwen3-Next), or
+whose config gives it nothing (Qwen3.5 under ``radiance_fp8`` or vLLM's ``fp8``), carries
+``UnquantizedEmbeddingMethod``; a config that leaves the head unquantised on purpose (INC /
+AutoRound int4 checkpoints such as the 80B's) gives it ``UnquantizedLinearMethod``. The
+``process_weights_after_loading`` of both is wrapped. For the target's head (outside the drafter's
 load, see ``radiance.w4.scope``) the loaded bf16 weight is quantised in row chunks (group G,
 bf16 scales, clip search; ``radiance.w4.quant``) *during* model loading, and the bf16 weight
 is freed there, so vLLM's KV-cache profiling, which runs after loading, sees the memory.
@@ -17,10 +19,13 @@ The module keeps its name and class; only ``quant_method`` changes, and
 zero codes and scales. The MTP drafter aliases the target's head after it loads
 (``_maybe_share_lm_head``), so every draft step uses the 4-bit head too.
 
-Declined (stock head, one log line): a head tied to the input embedding (it is also read by
-``embedding()``), a ``head_dtype`` override (``LogitsProcessor`` then bypasses ``apply``),
-any head whose method is not exactly ``UnquantizedEmbeddingMethod`` (an fp8 or otherwise
-quantised head is configured), K not a multiple of G, or a failed kernel self-check.
+Declined (stock head, one log line, and recorded as the feature's outcome in the report): a head
+tied to the input embedding (``tie_word_embeddings`` of the text config: it is also read by
+``embedding()``), a ``head_dtype`` override (``LogitsProcessor`` then bypasses ``apply``), any
+head whose method is not exactly one of the two unquantised ones (an fp8 or otherwise quantised
+head is configured), K not a multiple of G, or a failed kernel self-check. Whether the target's
+load converted its head is decided when the load returns (``BaseModelLoader.load_model``,
+wrapped): a head that never reached a converting hook is declined with its method named.
 
 Knobs: RADIANCE_INT4_HEAD (on/off), RADIANCE_W4_GROUP_SIZE (G).
 """
@@ -31,7 +36,7 @@ import logging
 
 import torch
 
-from ..patching import Patch, resolve
+from ..patching import Outcome, Patch, report, resolve
 from ..w4 import convert
 from ..w4.patch_drafter import w4_guard
 from ..w4.scope import DRAFT_SCOPE
@@ -40,6 +45,8 @@ logger = logging.getLogger("radiance")
 
 _EMB = "vllm.model_executor.layers.vocab_parallel_embedding"
 _HOOK = f"{_EMB}.UnquantizedEmbeddingMethod.process_weights_after_loading"
+_LINEAR_HOOK = "vllm.model_executor.layers.linear.UnquantizedLinearMethod.process_weights_after_loading"
+_LOADER = "vllm.model_executor.model_loader.base_loader.BaseModelLoader.load_model"
 
 
 class Int4HeadMethod(convert.W4Method):
@@ -48,6 +55,14 @@ class Int4HeadMethod(convert.W4Method):
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("radiance int4-head: a 4-bit lm_head cannot be used as an embedding "
                            "(tied heads are declined at load; this one was not tied)")
+
+
+def _tied(model_config) -> bool:
+    """tie_word_embeddings of the text model: a VL wrapper's top-level config may say otherwise."""
+    if model_config is None:
+        return False
+    text = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    return bool(getattr(text, "tie_word_embeddings", False))
 
 
 def _model_config():
@@ -67,6 +82,8 @@ class Int4HeadPatch(Patch):
     where = "any"  # class attributes only; conversion happens where the model loads
     hook_points = (
         _HOOK,
+        _LINEAR_HOOK,
+        _LOADER,
         f"{_EMB}.ParallelLMHead",
         "vllm.model_executor.layers.logits_processor.LogitsProcessor._apply_head",
     )
@@ -75,13 +92,17 @@ class Int4HeadPatch(Patch):
         super().__init__()
         self.group_size = 128
         self.converted: list[tuple[str, tuple[int, int]]] = []
+        self.declined: dict[str, str] = {}  # head prefix -> why it stayed stock (this load)
 
     def guard(self) -> str | None:
         return w4_guard(self)
 
     def apply(self) -> None:
-        owner, attr, orig = resolve(_HOOK)
-        self.replace(owner, attr, self._wrap(orig))
+        for path in (_HOOK, _LINEAR_HOOK):
+            owner, attr, orig = resolve(path)
+            self.replace(owner, attr, self._wrap(orig))
+        owner, attr, orig = resolve(_LOADER)
+        self.replace(owner, attr, self._wrap_load(orig))
 
     def _wrap(self, orig):
         @functools.wraps(orig)
@@ -96,15 +117,52 @@ class Int4HeadPatch(Patch):
 
         return process_weights_after_loading
 
+    def _wrap_load(self, orig):
+        @functools.wraps(orig)
+        def load_model(loader, *args, **kwargs):
+            model = orig(loader, *args, **kwargs)
+            if not DRAFT_SCOPE.active() and not self.latched_off:
+                try:
+                    self._load_finished(model)
+                except Exception as exc:  # a summary must never fail a load
+                    logger.warning("radiance: int4-head: load summary failed: %s", exc)
+            return model
+
+        return load_model
+
+    def _load_finished(self, model) -> None:
+        """The target has loaded: a head that was not converted is a recorded decline."""
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        heads = [m for m in model.modules() if isinstance(m, ParallelLMHead)]
+        left = [m for m in heads if not hasattr(m, "_radiance_w4")]
+        if heads and not left:
+            return
+        if not heads:
+            mc = _model_config()
+            reason = ("the head is tied to the input embedding" if _tied(mc)
+                      else "the model has no ParallelLMHead on this rank")
+        else:
+            head = left[0]
+            prefix = getattr(head, "prefix", "") or "lm_head"
+            reason = self.declined.get(prefix) or (
+                f"{prefix}'s method {type(head.quant_method).__name__} is not one int4-head converts "
+                "(UnquantizedEmbeddingMethod, UnquantizedLinearMethod)")
+        self.declined.clear()
+        logger.warning("radiance: int4-head declined: %s", reason)
+        report().record(Outcome(self.name, self.feature, "declined", reason))
+
     def decline_reason(self, method, layer) -> str | None:
         from vllm.model_executor.layers.vocab_parallel_embedding import (
             ParallelLMHead,
             UnquantizedEmbeddingMethod,
         )
 
+        from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
         if not isinstance(layer, ParallelLMHead):
             return "not an lm_head"
-        if type(method) is not UnquantizedEmbeddingMethod:
+        if type(method) not in (UnquantizedEmbeddingMethod, UnquantizedLinearMethod):
             return f"the head already has a quantised method ({type(method).__name__})"
         w = getattr(layer, "weight", None)
         if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.is_meta or w.numel() == 0:
@@ -115,7 +173,7 @@ class Int4HeadPatch(Patch):
             return f"hidden size {w.shape[1]} is not a multiple of the group size {self.group_size}"
         mc = _model_config()
         if mc is not None:
-            if getattr(getattr(mc, "hf_config", None), "tie_word_embeddings", False):
+            if _tied(mc):
                 return "the head is tied to the input embedding"
             head_dtype = getattr(mc, "head_dtype", None)
             if head_dtype is not None and head_dtype != w.dtype:
@@ -126,7 +184,9 @@ class Int4HeadPatch(Patch):
         reason = self.decline_reason(method, layer)
         if reason is not None:
             if reason != "not an lm_head":
-                logger.warning("radiance: int4-head declined for %s: %s", getattr(layer, "prefix", "lm_head"), reason)
+                prefix = getattr(layer, "prefix", "") or "lm_head"
+                self.declined[prefix] = reason
+                logger.warning("radiance: int4-head declined for %s: %s", prefix, reason)
             return False
         w = layer.weight
         act_dtype = w.dtype if w.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16

@@ -39,6 +39,10 @@ def dequant_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor, block: tupl
 class W4Method:
     """Quant method of a converted layer: the 4-bit GEMM in ``apply``, the rest delegated."""
 
+    # Takes a bf16 tensor only: it must not pass on the fp8-input declaration of the method it
+    # replaced (fp8-stream's plan reads ``quant_method.radiance_fp8_input``).
+    radiance_fp8_input = None
+
     def __init__(self, inner, group_size: int) -> None:
         self._inner = inner
         self.group_size = group_size

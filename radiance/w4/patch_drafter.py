@@ -7,7 +7,8 @@ acceptance cost is worth the bytes is measured by the gate, not argued here.
 Where it hooks (vLLM 0.32.0):
 
 ``UnquantizedLinearMethod.process_weights_after_loading`` and
-``Fp8LinearMethod.process_weights_after_loading`` (wrapped)
+``Fp8LinearMethod.process_weights_after_loading`` (wrapped), and the same method of the three
+``radiance_fp8`` linear methods (``FP8_STREAM_METHODS``, where the plugin registered them)
     while ``DRAFT_SCOPE`` is active (inside the drafter's ``_get_model``; see ``scope``),
     an eligible linear is quantised from its just-loaded weight -- bf16/fp16 directly, a
     block-fp8 checkpoint dequantised with its own block scales first -- *instead of* the
@@ -15,6 +16,10 @@ Where it hooks (vLLM 0.32.0):
     fp8 would re-lay it out for its kernel). Outside the bracket, and for every layer that
     is declined, the stock method runs untouched. The target is loaded before the drafter,
     outside the bracket, so it is never converted.
+    Why the radiance_fp8 methods: an MTP drafter is built with the *target's* quant config
+    (vLLM's Qwen3.5 / Qwen3-Next MTP modules take ``vllm_config.quant_config``), so under
+    ``model.quantization: radiance_fp8`` -- which fp8-stream needs -- its linears carry those
+    methods, not vLLM's. The drafter then gets 4-bit weights while the target streams fp8.
 
 What is declined, and logged once per shape:
     ``fc`` (MTP and DFlash): it combines the target's hidden states over the step's whole
@@ -44,6 +49,13 @@ logger = logging.getLogger("radiance")
 
 _UNQUANT = "vllm.model_executor.layers.linear.UnquantizedLinearMethod.process_weights_after_loading"
 _FP8 = "vllm.model_executor.layers.quantization.fp8.Fp8LinearMethod.process_weights_after_loading"
+# The radiance_fp8 linear methods (fp8_stream/linear.py, block.py) and what their weight is when
+# process_weights_after_loading runs: bf16 as loaded, or the checkpoint's block fp8.
+FP8_STREAM_METHODS = (
+    ("radiance.fp8_stream.linear.Fp8StreamLinearMethod.process_weights_after_loading", "bf16"),
+    ("radiance.fp8_stream.block.KeptLinearMethod.process_weights_after_loading", "bf16"),
+    ("radiance.fp8_stream.block.BlockFp8StreamLinearMethod.process_weights_after_loading", "fp8"),
+)
 
 # Last component of a layer's prefix -> why it is never converted.
 DECLINED_NAMES = {
@@ -103,6 +115,12 @@ class W4DrafterPatch(Patch):
             logger.info("radiance: w4-drafter: no Fp8LinearMethod in this vLLM; bf16 drafters only")
         else:
             self.replace(owner8, attr8, self._wrap(orig8, "fp8"))
+        for path, kind in FP8_STREAM_METHODS:
+            try:
+                owner_r, attr_r, orig_r = resolve(path)
+            except LookupError:  # radiance_fp8 not registered in this process: nothing uses them
+                continue
+            self.replace(owner_r, attr_r, self._wrap(orig_r, kind))
         DRAFT_SCOPE.on_exit(self._load_finished)
 
     def revert(self) -> None:

@@ -119,12 +119,36 @@ def test_ensure_generates_once_and_reuses(tmp_path, capsys):
         first, second = pool.map(lambda _: tinymodel.ensure(cache, seed=3), range(2))
     assert first == second == cache / "tiny-qwen3next-s3"
     assert tinymodel.is_complete(first)
-    assert "generating the tiny Qwen3-Next" in capsys.readouterr().err
+    assert "generating the tiny test model tiny-qwen3next (Qwen3NextForCausalLM" in capsys.readouterr().err
     mtime = (first / "model.safetensors").stat().st_mtime_ns
     assert tinymodel.ensure(cache, seed=3) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == mtime
     # No temp dirs left behind by the atomic rename.
     assert sorted(p.name for p in cache.iterdir() if p.is_dir()) == ["tiny-qwen3next-s3"]
+
+
+def test_qwen35_is_dense_flat_gdn_and_blocks_at_tp2(tmp_path):
+    """The Qwen3.5 tiny: Qwen3_5ForCausalLM, a dense MLP everywhere, the GDN projections stored
+    flat (vLLM fuses them), MTP depth under its Qwen3.5 name; block-fp8 converts everything a
+    TP=2 rank can hold in whole 128x128 blocks, i.e. all but in_proj_b/a (4 rows)."""
+    from launcher.tinymodel import fp8
+
+    a = config.QWEN3_5
+    model = tinymodel.ensure(tmp_path, seed=0, arch=a.name)
+    assert model.name == "tiny-qwen3.5-s0"
+    cfg = json.loads((model / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3_5ForCausalLM"] and cfg["model_type"] == "qwen3_5_text"
+    assert cfg["mtp_num_hidden_layers"] == 1 and "num_experts" not in cfg
+    names = [n for n, _, _ in config.tensor_layout(arch=a)]
+    assert not any(".experts." in n or "in_proj_qkvz" in n for n in names)
+    assert "model.layers.0.linear_attn.in_proj_qkv.weight" in names
+    assert "model.layers.0.linear_attn.in_proj_z.weight" in names
+    assert "mtp.layers.0.mlp.gate_up_proj.weight" not in names and "mtp.layers.0.mlp.down_proj.weight" in names
+    converted, kept = fp8.converted_modules(config.tensor_layout(arch=a))
+    assert all(m.endswith(("in_proj_b", "in_proj_a")) for m in kept if m.startswith("model.layers"))
+    assert "model.layers.3.self_attn.k_proj" in converted and "model.layers.0.linear_attn.in_proj_z" in converted
+    with pytest.raises(ValueError, match="dense in every layer"):
+        config.check_mlp_only_layers([0], a)
 
 
 def test_importing_the_package_does_not_import_torch():

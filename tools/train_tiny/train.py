@@ -1,6 +1,7 @@
-"""Train the tiny Qwen3-Next target and its MTP layer (torch only; meant for the GPU machine).
+"""Train a tiny target of the Qwen3-Next family and its MTP layer (torch only; meant for the GPU machine).
 
     python -m tools.train_tiny.train --data .cache/train_tiny/tokens.pt --out OUT --steps N [--seed 0]
+        [--arch tiny-qwen3next | tiny-qwen3.5]
 
 Each batch mixes fixed shares of Python stdlib source, generated JSON and GSM8K questions. The loss is
 next-token CE for the target plus CE for two unrolled MTP steps (predicting t+2 and t+3), so drafts
@@ -20,7 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tools.train_tiny.model import TinyQwen3Next, init_weights, to_checkpoint
+from launcher.tinymodel.config import ARCHS
+from tools.train_tiny.model import TinyModel, init_weights, to_checkpoint
 
 MIX = {"code": 0.5, "json": 0.3, "prose": 0.2}
 MTP_WEIGHTS = (0.5, 0.25)  # loss weight of MTP depth 1 and 2
@@ -44,7 +46,7 @@ def sample(streams: dict, rows: dict, seq: int, gen: torch.Generator, device) ->
     return torch.cat(parts).to(device=device, dtype=torch.long, non_blocking=True)
 
 
-def losses(model: TinyQwen3Next, win: torch.Tensor, seq: int) -> tuple[torch.Tensor, dict]:
+def losses(model: TinyModel, win: torch.Tensor, seq: int) -> tuple[torch.Tensor, dict]:
     ids = win[:, :seq]
     h = model.hidden(ids)
     logits = model.lm_head(h)
@@ -57,12 +59,13 @@ def losses(model: TinyQwen3Next, win: torch.Tensor, seq: int) -> tuple[torch.Ten
         ce = F.cross_entropy(model.lm_head(hid).float().flatten(0, 1), win[:, depth + 1 : seq + depth + 1].flatten())
         total = total + weight * ce
         parts[f"mtp{depth}"] = ce.detach()
-    total = total + AUX_WEIGHT * model.aux_loss()
+    if model.arch.moe:
+        total = total + AUX_WEIGHT * model.aux_loss()
     return total, parts
 
 
 @torch.no_grad()
-def evaluate(model: TinyQwen3Next, heldout: dict, device, seq: int = 256) -> dict:
+def evaluate(model: TinyModel, heldout: dict, device, seq: int = 256) -> dict:
     """Per domain: target next-token accuracy and how often MTP depth d equals the target's argmax."""
     model.eval()
     out = {}
@@ -97,6 +100,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arch", choices=sorted(ARCHS), default="tiny-qwen3next")
     ap.add_argument("--probe", type=int, default=0, help="time this many steps, print s/step, exit")
     args = ap.parse_args()
 
@@ -108,7 +112,7 @@ def main() -> None:
     streams = {k: v for k, v in blob["train"].items()}
     heldout = blob["heldout"]
 
-    model = TinyQwen3Next()
+    model = TinyModel(ARCHS[args.arch])
     init_weights(model, args.seed)
     model.to(device).train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "conv1d" not in n]

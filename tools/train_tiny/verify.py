@@ -111,12 +111,13 @@ class TorchReference:
         import torch
         from safetensors.torch import load_file
 
-        from tools.train_tiny.model import TinyQwen3Next, from_checkpoint
+        from launcher.tinymodel.config import arch_of
+        from tools.train_tiny.model import TinyModel, from_checkpoint
 
         # One thread: on a small, shared CPU the OpenMP pool makes these tiny ops 30x slower.
         torch.set_num_threads(1)
         self.torch = torch
-        self.model = TinyQwen3Next()
+        self.model = TinyModel(arch_of(json.loads((model_dir / "config.json").read_text())))
         from_checkpoint(self.model, load_file(str(model_dir / "model.safetensors")))
         self.model.eval()
 

@@ -106,13 +106,19 @@ def test_declines_with_pipeline_parallel(stock_model):
     assert "pipeline parallel size is 2" in plan_stream(find_core(stock_model), 2, 2).declined
 
 
-def test_declines_with_aux_hidden_state_taps(stock_model):
-    core = find_core(stock_model)
-    core._set_aux_hidden_state_layers((1, 3))
+def test_aux_hidden_state_taps_keep_their_boundaries_stock(dense_core):
+    """A tap t reads layer t-1's output (hidden + residual): that down site stays reduced, the rest streams."""
+    dense_core._set_aux_hidden_state_layers((2, 3))
     try:
-        assert "auxiliary hidden-state taps at layers (1, 3)" in plan_stream(core, 2, 1).declined
+        plan = plan_stream(dense_core, 2, 1)
     finally:
-        core._set_aux_hidden_state_layers(())
+        dense_core._set_aux_hidden_state_layers(())
+    assert plan.declined is None and plan.taps == (2, 3)
+    assert [lp.defer_down for lp in plan.layers] == [True, False, False, False]
+    assert [lp.stream_in for lp in plan.layers] == [False, True, False, False]
+    assert all(lp.stream_mid for lp in plan.layers)
+    assert "the output of layer 1 is tapped (auxiliary hidden state 2)" in plan.summary()
+    assert "auxiliary hidden-state taps at [2, 3] kept stock" in plan.summary()
 
 
 def test_declines_with_sequence_parallel_moe(stock_model, monkeypatch):
@@ -290,7 +296,9 @@ def test_stream_forward_dataflow(dense_core, monkeypatch):
     partial_attn = torch.randn(5, k).to(torch.bfloat16)
     partial_mlp = torch.randn(5, k).to(torch.bfloat16)
     reduced = []
-    monkeypatch.setattr(contract, "_all_reduce", lambda x: reduced.append(x) or x * 2)
+    from radiance.fp8_stream import fused_allreduce
+
+    monkeypatch.setattr(fused_allreduce, "_all_reduce", lambda x: reduced.append(x) or x * 2)
     contract.install(dense_core, plan_stream(dense_core, 2, 1))
     layer.self_attn = _Recorder(partial_attn)
     layer.mlp = _Recorder(partial_mlp)
@@ -336,16 +344,26 @@ def test_install_on_logs_one_line(stock_model, dense_core, caplog):
         contract.uninstall(dense_core)
 
 
-def test_aux_taps_after_install_take_the_contract_off(dense_core, caplog):
+def test_aux_taps_after_install_replan_around_them(dense_core, caplog, monkeypatch):
+    from radiance.fp8_stream import patch as patch_mod
+
+    monkeypatch.setattr(patch_mod, "_parallel_sizes", lambda: (2, 1))
+    caplog.set_level(logging.INFO, logger="radiance")
     patch = Fp8StreamPatch()
     patch.apply()
     try:
         contract.install(dense_core, plan_stream(dense_core, 2, 1))
+        assert dense_core.layers[1].mlp.down_proj.reduce_results is False
         dense_core._set_aux_hidden_state_layers((2,))
-        assert contract.installed(dense_core) is None
-        assert "auxiliary hidden-state taps were set at layers (2,)" in caplog.text
+        done = contract.installed(dense_core)
+        assert done is not None and done.plan.taps == (2,)
+        # the tapped boundary is stock again, the others still stream
+        assert dense_core.layers[1].mlp.down_proj.reduce_results is True
+        assert dense_core.layers[0].mlp.down_proj.reduce_results is False
+        assert "installed again around the auxiliary hidden-state taps" in caplog.text
     finally:
         patch.revert()
+        contract.uninstall(dense_core)
         dense_core._set_aux_hidden_state_layers(())
     from vllm.model_executor.model_loader.base_loader import BaseModelLoader
     from vllm.model_executor.models.interfaces import EagleModelMixin
