@@ -1,8 +1,13 @@
-"""Can this machine run this profile? Hardware, engine, and kernels per enabled feature.
+"""Can this machine run this profile? Hardware, engine, and every feature explained.
 
-The capability table comes from ``python -m radiance.capabilities --json`` run in the target
-environment (this Python for the local runtime); the launcher reads its JSON and never
-imports the plugin.
+Per feature (``radiance.features``, the table both packages read): requested or not, whether it
+applies to this model (from its config.json when it is on this machine -- a local directory, a
+builtin model or the Hugging Face cache -- else from ``model.architecture``) and this setup, and
+whether its kernels build for the target arch (the profile's GPU, or the arch the image compiles
+for: ``python -m radiance.kernels.aot`` here, in a subprocess, results cached). None of it needs
+an image or the engine. With the local runtime the capability table of the target Python
+(``python -m radiance.capabilities --json``: vLLM's hook points) is read too. The launcher reads
+JSON and never imports the plugin's internals.
 """
 from __future__ import annotations
 
@@ -13,8 +18,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import hardware
-from .profile import Profile
+from radiance import features as feature_table
+
+from . import hardware, paths
+from .profile import BUILTIN_PREFIX, Profile
 
 
 @dataclass
@@ -22,6 +29,17 @@ class Finding:
     check: str
     status: str          # ok | warn | fail
     detail: str
+
+
+@dataclass
+class FeatureVerdict:
+    feature: str
+    requested: bool
+    applies: bool | None        # None: cannot tell from what is known here
+    reason: str
+    side: str                   # draft (lossless) | target (the gate decides)
+    kernels: dict[str, str] = field(default_factory=dict)  # arch -> what the AOT compile said
+    verdict: str = ""           # on | off | declines | kernels fail | unknown
 
 
 @dataclass
@@ -33,6 +51,8 @@ class CompatReport:
     findings: list[Finding] = field(default_factory=list)
     hardware: dict = field(default_factory=dict)
     capabilities: dict | None = None
+    model: dict = field(default_factory=dict)
+    features: list[FeatureVerdict] = field(default_factory=list)
 
     @property
     def compatible(self) -> bool:
@@ -60,13 +80,116 @@ def capabilities_local(timeout: float = 120.0, arch: str | None = None) -> dict:
     return json.loads(proc.stdout)
 
 
+def model_facts(profile: Profile) -> feature_table.ModelFacts:
+    """The checkpoint's config.json where it is on this machine, else the declared architecture."""
+    cfg = None
+    path = profile.model.path
+    if path.startswith(BUILTIN_PREFIX):
+        from .tinymodel import config as tiny
+
+        name = path[len(BUILTIN_PREFIX):].removesuffix("-trained")
+        cfg = tiny.hf_config(bos_id=None, eos_id=0, pad_id=0, arch=tiny.ARCHS[name])
+    else:
+        local = Path(path).expanduser() / "config.json"
+        if local.is_file():
+            cfg = _read_json(local)
+        else:
+            try:
+                from huggingface_hub import try_to_load_from_cache
+
+                hit = try_to_load_from_cache(path, "config.json", revision=profile.model.revision)
+                if isinstance(hit, str):
+                    cfg = _read_json(Path(hit))
+            except Exception:  # no hub client, or not a hub id: fall back to the profile
+                cfg = None
+    if cfg is not None:
+        return feature_table.ModelFacts.from_config(cfg)
+    return feature_table.ModelFacts.from_architecture(profile.model.architecture)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def target_archs(platform: str, hw: "hardware.HardwareReport", extra: tuple[str, ...] = ()) -> list[str]:
+    """The GPU archs whose kernels matter: the GPUs here when the platform is theirs, else what
+    the platform's image compiles for by default; plus any asked for (``check --arch``)."""
+    from .images import DEFAULT_GPU_ARCH
+
+    archs = []
+    if platform != "cpu":
+        here = sorted({g.arch for g in hw.gpus if g.arch and hw.platform == platform})
+        archs = here or [DEFAULT_GPU_ARCH[platform]]
+    return archs + [a for a in extra if a not in archs]
+
+
+def aot_results(arch: str, timeout: float = 600.0) -> tuple[list[dict] | None, str]:
+    """(results of compiling every kernel for ``arch`` here, or None and why not)."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return None, "not checked: Triton is not installed in this Python"
+    cache = paths.cache_home() / "aot-check"
+    cmd = [sys.executable, "-m", "radiance.kernels.aot", "--arch", arch, "--json", "--cache-dir", str(cache)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, RADIANCE_REPORT_DIR=""))
+        return json.loads(proc.stdout)["results"], ""
+    except (subprocess.TimeoutExpired, ValueError, KeyError) as exc:
+        return None, f"not checked: the AOT compile failed ({type(exc).__name__})"
+
+
+def explain_features(profile: Profile, facts: feature_table.ModelFacts, archs: list[str],
+                     aot: dict[str, tuple[list[dict] | None, str]], caps: dict | None) -> list[FeatureVerdict]:
+    setup = feature_table.Setup(tp=profile.parallel.tp, pp=profile.parallel.pp, drafter=profile.drafter.type,
+                                quantization=profile.model.quantization, fp8_lm_head=profile.model.fp8_lm_head)
+    out = []
+    for feat in feature_table.FEATURES:
+        requested = getattr(profile.features, feat.name).enabled
+        applies, reason = feature_table.applicability(feat.name, facts, setup)
+        cap = (caps or {}).get("features", {}).get(feat.name)
+        if cap is not None and not cap.get("available", True) and applies is not False:
+            applies, reason = False, f"this engine: {cap['reason']}"
+        v = FeatureVerdict(feat.name, requested, applies, reason, feat.side)
+        for arch in archs:
+            results, why = aot.get(arch, (None, "not checked"))
+            if results is None:
+                v.kernels[arch] = why
+                continue
+            mine = [r for r in results if r.get("feature") == feat.kernels]
+            bad = [r for r in mine if not r["ok"]]
+            v.kernels[arch] = (f"fails: {bad[0]['name']}: {bad[0].get('error', '')}" if bad
+                               else f"{len(mine)} kernels build")
+        kernels_fail = any(k.startswith("fails") for k in v.kernels.values())
+        if not archs:
+            v.kernels["cpu"] = "PyTorch reference kernels"
+        if not requested:
+            v.verdict = "off"
+        elif applies is False:
+            v.verdict = "declines"
+        elif kernels_fail:
+            v.verdict = "kernels fail"
+        elif applies is None:
+            v.verdict = "unknown"
+        else:
+            v.verdict = "on"
+        out.append(v)
+    return out
+
+
 def resolve_platform(profile: Profile, hw: "hardware.HardwareReport") -> str:
     wanted = profile.runtime.platform
     return hw.platform if wanted == "auto" else wanted
 
 
 def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool = True,
-           root: Path = Path("/")) -> CompatReport:
+           root: Path = Path("/"), kernels: bool | None = None, archs: tuple[str, ...] = ()) -> CompatReport:
+    """``capabilities``: read the engine's capability table (local runtime) and compile the
+    kernels for the target archs (``kernels`` overrides the latter); off for `up`, which only
+    needs the hardware verdict and the static feature table."""
     runtime = runtime or profile.runtime.kind
     hw = hardware.probe_all(root=root)
     platform = resolve_platform(profile, hw)
@@ -84,42 +207,57 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
     if platform == "cpu" and profile.model.quantization == "fp8":
         rep.add("engine", "warn", "fp8 quantization on CPU runs through reference kernels (slow)")
 
+    caps = None
     if runtime == "local":
         try:
             import importlib.util
 
-            if importlib.util.find_spec("vllm") is None:
-                rep.add("engine", "fail", "vLLM is not installed in this Python — fix: `make install` "
-                        "(CPU) or use runtime docker")
-                return rep
+            have_vllm = importlib.util.find_spec("vllm") is not None
         except ValueError:
-            pass
-    if not capabilities:
-        return rep
-    if runtime != "local":
-        rep.add("kernels", "warn", f"capabilities are read inside the image for runtime {runtime}; "
-                "run `radiance build` first")
-        return rep
-    try:
-        caps = capabilities_local()
-    except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
-        rep.add("kernels", "fail", str(exc))
-        return rep
-    rep.capabilities = caps
-    if not caps.get("vllm_supported"):
-        rep.add("engine", "fail", f"vLLM {caps.get('vllm_version')} is not the pinned {caps.get('vllm_pinned')}")
+            have_vllm = True
+        if not have_vllm:
+            rep.add("engine", "fail", "vLLM is not installed in this Python — fix: `make install` "
+                    "(CPU) or use runtime docker")
+        elif capabilities:
+            try:
+                caps = capabilities_local()
+            except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+                rep.add("engine", "fail", str(exc))
+            else:
+                rep.capabilities = caps
+                if not caps.get("vllm_supported"):
+                    rep.add("engine", "fail", f"vLLM {caps.get('vllm_version')} is not the pinned "
+                            f"{caps.get('vllm_pinned')}")
+                else:
+                    rep.add("engine", "ok", f"vLLM {caps['vllm_version']}, radiance {caps['radiance_version']}")
+                for problem in caps.get("knob_problems", []):
+                    rep.add("knobs", "fail", problem)
     else:
-        rep.add("engine", "ok", f"vLLM {caps['vllm_version']}, radiance {caps['radiance_version']}")
-    for problem in caps.get("knob_problems", []):
-        rep.add("knobs", "fail", problem)
-    dev_arch = caps.get("device", {}).get("arch")
-    for name in profile.features.enabled_names():
-        feat = caps.get("features", {}).get(name)
-        if feat is None:
-            rep.add(f"feature {name}", "fail", "unknown to this radiance build")
-        elif feat["available"]:
-            rep.add(f"feature {name}", "ok", f"{feat['backend']} on {dev_arch}: {feat['reason']}")
+        rep.add("engine", "ok", f"runtime {runtime}: vLLM runs inside the image (`radiance build`)")
+
+    facts = model_facts(profile)
+    rep.model = {"architecture": facts.architecture, "source": facts.source, "moe": facts.moe,
+                 "mtp_layers": facts.mtp_layers, "tied_head": facts.tied_head,
+                 "quant_method": facts.quant_method, "notes": facts.notes}
+    archs = target_archs(platform, hw, archs)
+    compile_kernels = capabilities if kernels is None else kernels
+    aot = {a: aot_results(a) for a in archs} if compile_kernels else \
+        {a: (None, "not checked (radiance check compiles them)") for a in archs}
+    rep.features = explain_features(profile, facts, archs, aot, caps)
+    for v in rep.features:
+        where = "; ".join(f"{a} {k}" for a, k in v.kernels.items())
+        if v.requested:
+            detail = f"{v.verdict}: {v.reason} — kernels: {where}"
         else:
-            # A declined feature does not stop the server (it runs stock) but the user asked for it.
-            rep.add(f"feature {name}", "warn", f"will be declined on {dev_arch}: {feat['reason']}")
+            would = {True: "would apply", False: "would decline", None: "might apply"}[v.applies]
+            detail = f"off (not requested); {would}: {v.reason} — kernels: {where}"
+        if not v.requested:
+            status = "info"
+        elif v.verdict == "on":
+            status = "ok"
+        elif v.verdict == "kernels fail":
+            status = "fail"
+        else:  # a declined feature does not stop the server (it runs stock) but the user asked for it
+            status = "warn"
+        rep.add(f"feature {v.feature}", status, detail)
     return rep

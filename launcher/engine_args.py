@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from radiance.features import FEATURES
+
 from .profile import BUILTIN_PREFIX, Profile
 
 # Secrets the engine may need (gated hub models); passed through, never logged or reported.
@@ -66,15 +68,9 @@ def speculative_config(profile: Profile) -> dict | None:
 
 def radiance_env(profile: Profile, report_dir: Path) -> dict[str, str]:
     f = profile.features
-    env = {
-        "RADIANCE_ENABLE": "1",
-        "RADIANCE_REPORT_DIR": str(report_dir),
-        "RADIANCE_DYNAMIC_DRAFT": "1" if f.dynamic_draft.enabled else "0",
-        "RADIANCE_W4_DRAFTER": "1" if f.w4_drafter.enabled else "0",
-        "RADIANCE_INT4_HEAD": "1" if f.int4_head.enabled else "0",
-        "RADIANCE_FP8_STREAM": "1" if f.fp8_stream.enabled else "0",
-        "RADIANCE_GDN_NORM_QUANT": "1" if f.fp8_stream.gdn_norm_quant else "0",
-    }
+    env = {"RADIANCE_ENABLE": "1", "RADIANCE_REPORT_DIR": str(report_dir)}
+    env.update({feat.knob: "1" if getattr(f, feat.name).enabled else "0" for feat in FEATURES})
+    env["RADIANCE_GDN_NORM_QUANT"] = "1" if f.fp8_stream.gdn_norm_quant else "0"
     if f.dynamic_draft.enabled:
         env["RADIANCE_DRAFT_TAU"] = repr(f.dynamic_draft.tau)
         env["RADIANCE_DRAFT_SCHEDULE"] = f.dynamic_draft.schedule

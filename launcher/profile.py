@@ -14,7 +14,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from radiance import envs
+from radiance import envs, features
 
 from .gate.config import GateConfig
 
@@ -39,6 +39,9 @@ class _Strict(BaseModel):
 
 class ModelSpec(_Strict):
     path: str = Field(description="local directory, hub id (org/name) or builtin:<name>")
+    # The checkpoint's architecture (config.json "architectures"), for `radiance check` to say which
+    # features apply before the model is on this machine; config.json wins when it is local.
+    architecture: Optional[str] = Field(default=None, pattern=r"^[A-Za-z][A-Za-z0-9_]*$")
     revision: Optional[str] = None
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: Optional[int] = Field(default=None, ge=16)
@@ -86,8 +89,8 @@ class Drafter(_Strict):
 
 class DynamicDraft(_Strict):
     enabled: bool = False
-    tau: float = Field(default=0.28, ge=0.0, le=1.0)
-    schedule: str = "1:8,2:7,4:6,8:5,16:4"
+    tau: float = Field(default=features.DRAFT_TAU, ge=0.0, le=1.0)
+    schedule: str = features.DRAFT_SCHEDULE
 
     @field_validator("schedule")
     @classmethod
@@ -127,12 +130,10 @@ class Features(_Strict):
     fp8_stream: Fp8Stream = Fp8Stream()
     int4_head: Toggle = Toggle()
 
-    _shorthand = field_validator("dynamic_draft", "w4_drafter", "fp8_stream", "int4_head",
-                                 mode="before")(classmethod(lambda cls, v: _bool_shorthand(v)))
+    _shorthand = field_validator(*features.NAMES, mode="before")(classmethod(lambda cls, v: _bool_shorthand(v)))
 
     def enabled_names(self) -> list[str]:
-        return [n for n in ("dynamic_draft", "w4_drafter", "fp8_stream", "int4_head")
-                if getattr(self, n).enabled]
+        return [n for n in features.NAMES if getattr(self, n).enabled]
 
 
 class Runtime(_Strict):

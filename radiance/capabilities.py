@@ -14,12 +14,10 @@ import json
 import sys
 
 from . import envs
-from .plugin import FEATURE_KNOBS, PATCH_MODULES, vllm_version
+from .features import BY_NAME, FEATURES
+from .plugin import vllm_version
 from .patching import SUPPORTED_VLLM, version_in_range
 from .versions import RADIANCE_VERSION, VLLM_VERSION
-
-# Which kernel feature tag (AotSpec.feature) serves which profile feature.
-KERNEL_TAGS = {"dynamic_draft": "dynamic_draft", "w4_drafter": "w4", "int4_head": "w4", "fp8_stream": "fp8_stream"}
 
 
 def detect_device() -> dict:
@@ -40,7 +38,7 @@ def detect_device() -> dict:
 
 
 def feature_report(feature: str, module: str, version: str | None, arch: str, aot_results: list[dict] | None) -> dict:
-    out: dict = {"feature": feature, "knob": FEATURE_KNOBS[feature]}
+    out: dict = {"feature": feature, "knob": BY_NAME[feature].knob}
     try:
         mod = importlib.import_module(module)
         patches = list(mod.PATCHES)
@@ -56,7 +54,7 @@ def feature_report(feature: str, module: str, version: str | None, arch: str, ao
     if arch == "cpu":
         return {**out, "available": True, "backend": "reference", "reason": "PyTorch reference kernels (CPU)"}
     if aot_results is not None:
-        tag = KERNEL_TAGS[feature]
+        tag = BY_NAME[feature].kernels
         mine = [r for r in aot_results if r.get("feature") == tag]
         bad = [r for r in mine if not r["ok"]]
         if bad:
@@ -76,7 +74,7 @@ def report(arch: str | None = None, aot: bool = False) -> dict:
         from .kernels import aot as aot_mod
 
         aot_results = aot_mod.compile_all(device["arch"])
-    features = {f: feature_report(f, m, version, device["arch"], aot_results) for f, m in PATCH_MODULES}
+    features = {f.name: feature_report(f.name, f.module, version, device["arch"], aot_results) for f in FEATURES}
     return {
         "radiance_version": RADIANCE_VERSION,
         "vllm_version": version,

@@ -14,6 +14,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import features
+
 PREFIX = "RADIANCE_"
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -119,10 +121,10 @@ _KNOBS = (
     # --- dynamic-draft -----------------------------------------------------------------
     Knob("RADIANCE_DYNAMIC_DRAFT", "0", parse_bool,
          "Per-slot MTP draft-depth controller; 0 is byte-identical stock MTP."),
-    Knob("RADIANCE_DRAFT_TAU", "0.28", _parse_float,
+    Knob("RADIANCE_DRAFT_TAU", repr(features.DRAFT_TAU), _parse_float,
          "Keep drafting while the running product of top-1 draft confidences stays >= tau.",
          check=_unit_interval),
-    Knob("RADIANCE_DRAFT_SCHEDULE", "1:8,2:7,4:6,8:5,16:4", parse_schedule,
+    Knob("RADIANCE_DRAFT_SCHEDULE", features.DRAFT_SCHEDULE, parse_schedule,
          "Batch-size schedule 'bs:max_depth,...' capping serial MTP forwards (carry-forward); "
          "empty disables the cap."),
     Knob("RADIANCE_DRAFT_LOCAL_VOCAB", "1", parse_bool,
@@ -133,7 +135,7 @@ _KNOBS = (
          "Quantise the drafter's linears to 4-bit (W4A16) at load; lossless for the target."),
     Knob("RADIANCE_INT4_HEAD", "0", parse_bool,
          "Quantise the target's lm_head to 4-bit (W4A16) after load; changes numerics."),
-    Knob("RADIANCE_W4_GROUP_SIZE", "128", _parse_int,
+    Knob("RADIANCE_W4_GROUP_SIZE", str(features.W4_GROUP_SIZE), _parse_int,
          "Group size along K of the 4-bit quantiser.", check=_positive),
     # --- fp8-stream --------------------------------------------------------------------
     Knob("RADIANCE_FP8_STREAM", "0", parse_bool,

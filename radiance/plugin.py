@@ -13,25 +13,10 @@ import logging
 import sys
 
 from . import envs
+from .features import FEATURES
 from .patching import Outcome, Patch, Registry, report
 
 logger = logging.getLogger("radiance")
-
-# One module per patched vLLM area; each exports PATCHES (a list of Patch instances).
-# The order is the install order.
-PATCH_MODULES: tuple[tuple[str, str], ...] = (
-    # (feature, module)
-    ("dynamic_draft", "radiance.draft.patch_proposer"),
-    ("w4_drafter", "radiance.w4.patch_drafter"),
-    ("int4_head", "radiance.lmhead_int4.patch"),
-    ("fp8_stream", "radiance.fp8_stream.patch"),
-)
-FEATURE_KNOBS = {
-    "dynamic_draft": "RADIANCE_DYNAMIC_DRAFT",
-    "w4_drafter": "RADIANCE_W4_DRAFTER",
-    "int4_head": "RADIANCE_INT4_HEAD",
-    "fp8_stream": "RADIANCE_FP8_STREAM",
-}
 
 # Quantization configs vLLM must know by name before it validates engine arguments; each
 # module registers its config with vLLM's register_quantization_config when imported.
@@ -69,12 +54,15 @@ def vllm_version() -> str | None:
 
 
 def load_patches() -> tuple[list[Patch], list[Outcome]]:
-    """Import the patch modules of the enabled features; a module that fails declines its feature."""
+    """Import the patch modules of the enabled features (one module per patched vLLM area, each
+    exporting PATCHES; features.FEATURES is the install order); a module that fails declines its
+    feature."""
     patches: list[Patch] = []
     declined: list[Outcome] = []
-    for feature, module in PATCH_MODULES:
+    for feat in FEATURES:
+        feature, module = feat.name, feat.module
         try:
-            enabled = envs.get(FEATURE_KNOBS[feature])
+            enabled = envs.get(feat.knob)
         except envs.KnobError as exc:
             declined.append(Outcome(module, feature, "declined", str(exc)))
             continue

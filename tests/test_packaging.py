@@ -37,8 +37,8 @@ def test_launcher_and_plugin_do_not_import_each_others_internals():
 
     for path in (REPO / "radiance").rglob("*.py"):
         assert not re.search(r"^\s*(from|import) launcher", path.read_text(), re.M), path
-    # The contract modules (stdlib only): the knobs and the pinned versions.
-    allowed = {"radiance.envs", "radiance.versions"}
+    # The contract modules (stdlib only): the knobs, the feature table and the pinned versions.
+    allowed = {"radiance.envs", "radiance.versions", "radiance.features"}
     for path in (REPO / "launcher").rglob("*.py"):
         text = path.read_text()
         for m in re.finditer(r"^\s*from (radiance[\w.]*) import (\w+)|^\s*import (radiance[\w.]*)", text, re.M):

@@ -6,6 +6,9 @@ import sys
 import click
 
 from .. import compat, console, errors
+from ..images import GPU_TARGETS
+
+GPU_ARCHS = {a for targets in GPU_TARGETS.values() for a in targets}
 from ._common import JSON_OPT, PROFILE_ARG, check_knobs, load
 
 
@@ -23,15 +26,18 @@ def render(rep: compat.CompatReport) -> None:
 @click.option("--runtime", type=click.Choice(["local", "docker"]), default=None,
               help="Check for this runtime instead of the profile's runtime.kind.")
 @click.option("--strict", is_flag=True, help="A feature that would be declined makes the profile incompatible.")
-def command(profile_path: str, as_json: bool, runtime: str | None, strict: bool) -> None:
-    """Validate PROFILE, probe the GPUs and report, per enabled feature, whether it can run here.
+@click.option("--arch", "archs", multiple=True, type=click.Choice(sorted(GPU_ARCHS)),
+              help="Also compile the kernels for this GPU arch (repeatable), e.g. --arch gfx942 --arch sm90.")
+def command(profile_path: str, as_json: bool, runtime: str | None, strict: bool, archs: tuple[str, ...]) -> None:
+    """Validate PROFILE, probe the GPUs and explain every feature: requested or not, whether it
+    applies to this model and setup and why not, whether its kernels build for the target arch.
 
     Exits 0 when compatible, 4 when not, 2 when the profile is invalid. PROFILE defaults to
     $RADIANCE_PROFILE.
     """
     profile = load(profile_path)
     check_knobs()
-    rep = compat.assess(profile, runtime=runtime)
+    rep = compat.assess(profile, runtime=runtime, archs=archs)
     if strict:
         for f in rep.findings:
             if f.check.startswith("feature ") and f.status == "warn":

@@ -7,12 +7,16 @@ and an image build can fill its Triton cache before the first request.
 Each kernel module declares the specialisations it ships with ``register(...)``; the
 registry is filled by importing the modules listed in ``KERNEL_MODULES``.
 
-    python -m radiance.kernels.aot --arch gfx1201 [--json] [--only NAME]
+    python -m radiance.kernels.aot --arch gfx1201 [--json] [--only NAME] [--cache-dir DIR]
+
+``--cache-dir``: keep the results per (arch, Triton version, kernel sources) there and reuse them
+(``radiance check`` asks on every run; a full compile for one arch takes ~15 s on 2 cores).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import sys
 import time
@@ -133,6 +137,39 @@ def compile_all(arch: str, only: str | None = None) -> list[dict]:
     return results
 
 
+def _cache_key(arch: str, only: str | None) -> str:
+    import hashlib
+
+    import triton
+
+    h = hashlib.sha256(f"{arch}|{only}|{triton.__version__}".encode())
+    for mod in KERNEL_MODULES:
+        spec = importlib.util.find_spec(mod)
+        if spec is not None and spec.origin:
+            with open(spec.origin, "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()[:24]
+
+
+def cached_compile_all(arch: str, only: str | None, cache_dir: str | None) -> list[dict]:
+    import os
+
+    if not cache_dir:
+        return compile_all(arch, only)
+    path = os.path.join(cache_dir, f"aot-{arch}-{_cache_key(arch, only)}.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        pass
+    results = compile_all(arch, only)
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(results, f)
+    os.replace(path + ".tmp", path)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     if __name__ == "__main__":
         # Run as `python -m`, this file is a second module (__main__); the kernel modules register
@@ -144,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", required=True, choices=sorted(ARCHS))
     p.add_argument("--only", default=None, help="compile only variants whose name contains this")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--cache-dir", default=None, help="reuse results kept here for the same sources and Triton")
     args = p.parse_args(argv)
-    results = compile_all(args.arch, args.only)
+    results = cached_compile_all(args.arch, args.only, args.cache_dir)
     if args.json:
         print(json.dumps({"arch": args.arch, "results": results}, indent=1))
     else:

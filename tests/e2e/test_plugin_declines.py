@@ -16,12 +16,14 @@ HERE = Path(__file__).resolve().parent
 
 def _first_hook_of(feature: str) -> str | None:
     from radiance import plugin
+    from radiance.features import BY_NAME
 
-    os.environ[plugin.FEATURE_KNOBS[feature]] = "1"
+    knob = BY_NAME[feature].knob
+    os.environ[knob] = "1"
     try:
         patches, _ = plugin.load_patches()
     finally:
-        del os.environ[plugin.FEATURE_KNOBS[feature]]
+        del os.environ[knob]
     hooks = [h for p in patches if p.feature == feature for h in p.hook_points]
     return hooks[0] if hooks else None
 

@@ -101,9 +101,10 @@ def test_version_ranges():
 def test_canary_every_hook_point_of_every_patch_exists_in_pinned_vllm(monkeypatch):
     """If vLLM moves an attribute we hook, this fails before a user's server declines silently."""
     from radiance import plugin
+    from radiance.features import FEATURES
 
-    for knob in plugin.FEATURE_KNOBS.values():
-        monkeypatch.setenv(knob, "1")
+    for feat in FEATURES:
+        monkeypatch.setenv(feat.knob, "1")
     patches, _ = plugin.load_patches()
     for patch in patches:
         for path in patch.hook_points:

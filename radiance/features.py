@@ -1,0 +1,182 @@
+"""The four features, described once: profile field, knob, patch module, kernels, and when each applies.
+
+Standard library only: the launcher reads this module (like ``envs.py``) to write the engine's
+``RADIANCE_*`` environment and to explain a profile in ``radiance check`` before any engine or
+image exists; the plugin reads it to know which patch module serves which knob.
+
+``applicability(name, facts, setup)`` predicts, from a checkpoint's config.json (or only the
+architecture a profile declares) and the serving setup, whether a feature will apply and why
+not. It restates the patches' install-time guards statically; the patches still check for
+themselves at load (and decline in one log line) -- this is what a user reads first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str          # the key under a profile's ``features:``
+    knob: str          # RADIANCE_* on/off switch (declared in envs.py)
+    module: str        # the patch module (exports PATCHES)
+    kernels: str       # AotSpec.feature tag of the Triton kernels it runs
+    side: str          # "draft": lossless by construction; "target": changes numerics, the gate decides
+    summary: str
+
+
+FEATURES: tuple[Feature, ...] = (  # the install order
+    Feature("dynamic_draft", "RADIANCE_DYNAMIC_DRAFT", "radiance.draft.patch_proposer", "dynamic_draft", "draft",
+            "per-slot MTP draft-depth controller (confidence product, n-gram tail, batch-size cap)"),
+    Feature("w4_drafter", "RADIANCE_W4_DRAFTER", "radiance.w4.patch_drafter", "w4", "draft",
+            "the drafter's linears as W4A16"),
+    Feature("int4_head", "RADIANCE_INT4_HEAD", "radiance.lmhead_int4.patch", "w4", "target",
+            "the target's lm_head as W4A16"),
+    Feature("fp8_stream", "RADIANCE_FP8_STREAM", "radiance.fp8_stream.patch", "fp8_stream", "target",
+            "fp8 residual stream: all-reduce + residual add + RMSNorm + fp8 quant in one epilogue (TP>1)"),
+)
+BY_NAME: dict[str, Feature] = {f.name: f for f in FEATURES}
+NAMES: tuple[str, ...] = tuple(f.name for f in FEATURES)
+
+# Defaults a profile and the knobs share (the knob defaults in envs.py are these values).
+DRAFT_TAU = 0.28
+DRAFT_SCHEDULE = "1:8,2:7,4:6,8:5,16:4"
+W4_GROUP_SIZE = 128
+
+
+# ---------------------------------------------------------------------------------------------
+# Static applicability
+# ---------------------------------------------------------------------------------------------
+
+# Architectures of the family by name, for a profile whose checkpoint is not on this machine.
+DENSE_ARCHS = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+MOE_ARCHS = ("Qwen3NextForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+
+
+@dataclass
+class ModelFacts:
+    """What the rules need to know about a checkpoint; None where it is not known."""
+    architecture: str | None = None
+    source: str = "unknown"              # "config.json" | "profile" | "unknown"
+    moe: bool | None = None              # sparse-MoE MLPs (Qwen3-Next, Qwen3.5-MoE)
+    mtp_layers: int | None = None
+    tied_head: bool | None = None
+    quant_method: str | None = None      # the checkpoint's quantization_config.quant_method
+    head_quantized: bool | None = None   # the checkpoint quantises lm_head itself
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_architecture(cls, arch: str | None) -> "ModelFacts":
+        if arch is None:
+            return cls()
+        facts = cls(architecture=arch, source="profile")
+        if arch in DENSE_ARCHS:
+            facts.moe = False
+        elif arch in MOE_ARCHS:
+            facts.moe = True
+        else:
+            facts.notes.append(f"{arch} is not a Qwen3-Next family architecture radiance patches")
+        return facts
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "ModelFacts":
+        archs = cfg.get("architectures") or [None]
+        facts = cls.from_architecture(archs[0])
+        facts.source = "config.json"
+        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+        model_type = str(text.get("model_type") or cfg.get("model_type") or "")
+        if facts.moe is None and model_type:
+            facts.moe = "moe" in model_type or model_type == "qwen3_next" or bool(text.get("num_experts"))
+        n = text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers"))
+        facts.mtp_layers = int(n) if n is not None else 0
+        tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
+        facts.tied_head = bool(tie) if tie is not None else None
+        q = cfg.get("quantization_config") or {}
+        if q:
+            facts.quant_method = str(q.get("quant_method") or "")
+            skipped = list(q.get("modules_to_not_convert") or q.get("ignored_layers") or [])
+            if facts.quant_method == "fp8":
+                facts.head_quantized = not any(m.endswith("lm_head") for m in skipped)
+            else:  # GPTQ / AWQ / AutoRound keep the head unless they say lm_head: true
+                facts.head_quantized = bool(q.get("lm_head", False))
+        else:
+            facts.head_quantized = False
+        return facts
+
+
+@dataclass
+class Setup:
+    tp: int = 1
+    pp: int = 1
+    drafter: str = "none"                # none | mtp | dflash | ngram
+    quantization: str | None = None      # --quantization
+    fp8_lm_head: bool = False
+
+
+def applicability(name: str, facts: ModelFacts, setup: Setup) -> tuple[bool | None, str]:
+    """(True: applies, False: would decline, None: cannot tell from what is known; the reason)."""
+    rule = _RULES[name]
+    return rule(facts, setup)
+
+
+def _dynamic_draft(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
+    if s.drafter != "mtp":
+        return False, f"controls MTP drafting; the drafter is {s.drafter}"
+    if facts.mtp_layers == 0:
+        return False, "the checkpoint has no MTP layer"
+    return True, "MTP drafter: the controller decides each draft slot (vLLM's V1 runner)"
+
+
+def _w4_drafter(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
+    if s.drafter not in ("mtp", "dflash"):
+        return False, f"needs an MTP or DFlash drafter with linears (drafter is {s.drafter})"
+    if s.drafter == "dflash":
+        return True, "the DFlash drafter's qkv / o / gate_up / down (fc is declined by name)"
+    if facts.mtp_layers == 0:
+        return False, "the checkpoint has no MTP layer"
+    if facts.moe:
+        return True, ("the MTP layer's attention projections only: its routed experts are FusedMoE and "
+                      "stay as loaded")
+    if facts.moe is None:
+        return None, "the MTP layer's linears, if the checkpoint has one (architecture not known)"
+    return True, "the MTP layer's qkv / o / gate_up / down (fc is declined by name)"
+
+
+def _int4_head(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
+    if s.fp8_lm_head:
+        return False, "model.fp8_lm_head quantises the head already"
+    if facts.tied_head:
+        return False, "the head is tied to the input embedding"
+    if facts.head_quantized:
+        return False, f"the {facts.quant_method} checkpoint quantises lm_head itself"
+    if facts.tied_head is None or facts.head_quantized is None:
+        return None, "the head's tie and quantisation are read from config.json, which is not here"
+    return True, "untied, unquantised head: W4A16, group 128, quantised in row chunks at load"
+
+
+def _fp8_stream(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
+    if s.tp < 2 or s.pp != 1:
+        return False, f"needs tensor parallel > 1 and pipeline parallel 1 (tp={s.tp}, pp={s.pp})"
+    if facts.moe:
+        return False, ("every post-attention site feeds a sparse-MoE block (router, experts and shared expert "
+                       "read the activation): the plan declines as a whole")
+    if s.quantization != "radiance_fp8":
+        return False, ("no consumer takes a pre-quantised (q, scale) input — fix: model.quantization: "
+                       "radiance_fp8")
+    if facts.quant_method not in (None, "fp8"):
+        return False, f"radiance_fp8 serves bf16 or block-fp8 checkpoints, not {facts.quant_method}"
+    where = ("; the DFlash taps keep the stock contract at their layer boundaries"
+             if s.drafter == "dflash" else "")
+    if facts.moe is None:
+        return None, f"applies to a dense model (architecture not known){where}"
+    if facts.quant_method == "fp8":
+        mode = "the checkpoint's 128x128 fp8 weights, group-128 activations"
+    elif facts.source == "config.json":
+        mode = "online W8A8 of the bf16 weights, per-token activations"
+    else:
+        mode = "a block-fp8 checkpoint's weights as stored, or a bf16 one's quantised online"
+    return True, f"dense MLPs: attention and MLP sites stream ({mode}){where}"
+
+
+_RULES = {"dynamic_draft": _dynamic_draft, "w4_drafter": _w4_drafter, "int4_head": _int4_head,
+          "fp8_stream": _fp8_stream}
+assert set(_RULES) == set(NAMES)
