@@ -47,7 +47,24 @@ def resolve_model(profile: Profile, cache_dir: Path, repo_root: Path) -> tuple[s
     return path, None  # a hub id; vLLM resolves it (HF cache)
 
 
-def speculative_config(profile: Profile) -> dict | None:
+def resolve_drafter(profile: Profile, cache_dir: Path, repo_root: Path) -> tuple[str | None, Path | None]:
+    """(what the speculative config's ``model`` gets, the local directory if there is one)."""
+    model = profile.drafter.model
+    if model is None:
+        return None, None
+    if model.startswith(BUILTIN_PREFIX):  # a tiny DFlash drafter for a committed trained target
+        from .tinymodel import dflash
+
+        target = model[len(BUILTIN_PREFIX):].removesuffix("-dflash") + "-trained"
+        out = dflash.ensure_drafter_for(repo_root / "models" / target, cache_dir)
+        return str(out), out
+    local = Path(model).expanduser()
+    if local.exists():
+        return str(local.resolve()), local.resolve()
+    return model, None
+
+
+def speculative_config(profile: Profile, drafter_arg: str | None = None) -> dict | None:
     d = profile.drafter
     if d.type == "none":
         return None
@@ -56,7 +73,7 @@ def speculative_config(profile: Profile) -> dict | None:
         cfg["method"] = "mtp"
     elif d.type == "dflash":
         cfg["method"] = "dflash"
-        cfg["model"] = d.model
+        cfg["model"] = drafter_arg or d.model
     elif d.type == "ngram":
         cfg["method"] = "ngram"
         if d.prompt_lookup_max is not None:
@@ -78,7 +95,8 @@ def radiance_env(profile: Profile, report_dir: Path) -> dict[str, str]:
 
 
 def build(profile: Profile, *, platform: str, host: str, port: int, model_arg: str,
-          model_dir: Path | None, report_dir: Path, environ: dict[str, str] | None = None) -> EngineConfig:
+          model_dir: Path | None, report_dir: Path, environ: dict[str, str] | None = None,
+          drafter_arg: str | None = None) -> EngineConfig:
     environ = os.environ if environ is None else environ
     m, p = profile.model, profile.parallel
     args = ["--model", model_arg, "--served-model-name", profile.served_name(),
@@ -96,7 +114,7 @@ def build(profile: Profile, *, platform: str, host: str, port: int, model_arg: s
         args += ["--quantization", m.quantization]
     if m.trust_remote_code:
         args.append("--trust-remote-code")
-    spec = speculative_config(profile)
+    spec = speculative_config(profile, drafter_arg)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
         if platform == "cpu":

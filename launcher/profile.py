@@ -23,6 +23,8 @@ BUILTIN_PREFIX = "builtin:"
 # The tiny test models (launcher.tinymodel): random weights generated on first use, or the trained
 # ones committed under models/.
 BUILTIN_MODELS = ("tiny-qwen3next", "tiny-qwen3next-trained", "tiny-qwen3.5", "tiny-qwen3.5-trained")
+# A random-weight DFlash drafter written on first use for the trained tiny Qwen3.5 (tests, tiny profiles).
+BUILTIN_DRAFTERS = ("tiny-qwen3.5-dflash",)
 
 
 class ProfileError(Exception):
@@ -76,6 +78,14 @@ class Drafter(_Strict):
     # ngram only
     prompt_lookup_max: Optional[int] = Field(default=None, ge=1)
     prompt_lookup_min: Optional[int] = Field(default=None, ge=1)
+
+    @field_validator("model")
+    @classmethod
+    def _builtin(cls, v: Optional[str]) -> Optional[str]:
+        if v and v.startswith(BUILTIN_PREFIX) and v[len(BUILTIN_PREFIX):] not in BUILTIN_DRAFTERS:
+            raise ValueError(f"unknown builtin drafter {v!r} — fix: one of "
+                             + ", ".join(BUILTIN_PREFIX + m for m in BUILTIN_DRAFTERS))
+        return v
 
     @model_validator(mode="after")
     def _needs_model(self) -> "Drafter":

@@ -202,10 +202,12 @@ class Supervisor:
                 self._phase("starting", "resolving the model (a builtin model is generated on first use)")
                 model_arg, model_dir = await asyncio.to_thread(
                     engine_args.resolve_model, p, paths.cache_home(), paths.REPO_ROOT)
+                drafter_arg, drafter_dir = await asyncio.to_thread(
+                    engine_args.resolve_drafter, p, paths.cache_home(), paths.REPO_ROOT)
                 platform = self.opts.platform
                 cfg = engine_args.build(p, platform=platform, host="0.0.0.0" if self.opts.runtime == "docker"
                                         else "127.0.0.1", port=engine_port, model_arg=model_arg,
-                                        model_dir=model_dir, report_dir=report_dir)
+                                        model_dir=model_dir, report_dir=report_dir, drafter_arg=drafter_arg)
                 image = self.opts.image
                 if self.opts.runtime == "docker" and image is None:
                     from . import images
@@ -214,6 +216,7 @@ class Supervisor:
                 spec = EngineSpec(deployment=self.name, server_args=cfg.server_args, env=cfg.env,
                                   host="127.0.0.1", port=engine_port, platform=platform,
                                   log_path=engine_log, report_dir=report_dir, model_dir=model_dir,
+                                  extra_dirs=(drafter_dir,) if drafter_dir else (),
                                   image=image, secret_env=cfg.secret_env)
                 self.runtime = self._make_runtime()
                 with open(engine_log, "a") as f:

@@ -22,6 +22,7 @@ class EngineSpec:
     log_path: Path                  # engine stdout/stderr go here (host path)
     report_dir: Path                # RADIANCE_REPORT_DIR on the host (mounted into containers)
     model_dir: Path | None = None   # a local model directory (mounted read-only into containers)
+    extra_dirs: tuple[Path, ...] = ()  # other local checkpoints (a drafter), mounted read-only too
     image: str | None = None        # docker runtime: the image to run
     secret_env: dict[str, str] = field(default_factory=dict)  # HF_TOKEN etc.: passed, never logged
 

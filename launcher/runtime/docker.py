@@ -138,8 +138,9 @@ def container_config(spec: EngineSpec, image: str) -> dict[str, Any]:
         triton_volume(image): {"bind": f"{CACHE_ROOT}/triton", "mode": "rw"},
         str(spec.report_dir): {"bind": str(spec.report_dir), "mode": "rw"},
     }
-    if spec.model_dir is not None:
-        volumes[str(spec.model_dir)] = {"bind": str(spec.model_dir), "mode": "ro"}
+    for local in (spec.model_dir, *spec.extra_dirs):
+        if local is not None:
+            volumes[str(local)] = {"bind": str(local), "mode": "ro"}
     cfg: dict[str, Any] = dict(
         image=image,
         command=engine_command(spec.server_args),

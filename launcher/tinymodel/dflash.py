@@ -1,9 +1,15 @@
-"""A tiny random-weight target + DFlash drafter pair that vLLM 0.32 runs on CPU.
+"""Tiny random-weight DFlash drafters that vLLM 0.32 runs on CPU.
 
 ``write_pair(out_dir, seed)`` writes ``out_dir/target`` (a dense Qwen3, the architecture
 ``DFlashDraftModel`` drafters are distilled against) and ``out_dir/drafter`` (a DFlash drafter
 for it). Only tests use it (the DFlash path of the w4-drafter), so nothing is cached or committed:
 a test writes the pair into its tmp dir in a couple of seconds.
+
+``write_drafter_for(target_dir, out_dir, seed)`` writes a DFlash drafter for an existing target --
+the trained tiny Qwen3.5 (``builtin:tiny-qwen3.5-dflash``, the DFlash profiles' drafter): its
+tokenizer, vocabulary and special ids, conditioned on target layers ``TARGET_LAYER_IDS``. Its
+weights are random, so its drafts are rarely accepted; what it exercises is the serving path
+(DFlash's taps beside fp8-stream, the w4-drafter's conversion), not a speed-up.
 
 What vLLM reads from the drafter (``qwen3_dflash.py``, ``config/speculative.py``):
 
@@ -61,6 +67,7 @@ INIT_STD = 0.02
 RESIDUAL_SCALE = 0.1   # agreeing pair: std factor of o_proj / down_proj
 STICKY_LOGIT = 1.0     # agreeing pair: norm of the mask token's LM-head row (a fraction of tokens lead into it)
 METADATA_FILE = "radiance_tiny.json"
+DRAFTER_FORMAT = 2  # bump when write_drafter_for writes other bytes for the same seed
 _RESIDUAL_WRITERS = ("o_proj.weight", "down_proj.weight")
 
 
@@ -93,12 +100,60 @@ def _qwen3_config(dims: Dims, *, layers: int, eos_id: int, pad_id: int) -> dict:
     }
 
 
+def write_drafter_for(target_dir: Path, out_dir: Path, seed: int = 0, *, dims: Dims = DIMS) -> Path:
+    """A DFlash drafter for the target checkpoint in ``target_dir`` (deterministic for a seed)."""
+    from launcher.tinymodel import weights
+
+    target_dir, out_dir = Path(target_dir), Path(out_dir)
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    text = tcfg.get("text_config", tcfg)
+    if text["hidden_size"] != dims.hidden:
+        raise ValueError(f"the target's hidden size is {text['hidden_size']}, the drafter's {dims.hidden}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(target_dir / name, out_dir / name)
+    eos = text.get("eos_token_id")
+    eos = eos[0] if isinstance(eos, list) else eos
+    pad = text.get("pad_token_id")
+    # One layer per full-attention layer of the target: vLLM's hybrid KV-cache manager groups layers
+    # in runs of the smallest per-type count (1 here), and a drafter's layers must share one group.
+    layers = sum(t == "full_attention" for t in text.get("layer_types", [])) or DRAFT_LAYERS
+    cfg = drafter_config(dims, eos_id=eos, pad_id=pad, mask_token_id=pad, layers=layers)
+    cfg["num_target_layers"] = text["num_hidden_layers"]
+    cfg["vocab_size"] = text["vocab_size"]
+    _write_json(out_dir / "config.json", cfg)
+    weights.save(random_state_dict(drafter_layout(dims, layers), seed + 1), out_dir)
+    _write_json(out_dir / METADATA_FILE, {"generator": "launcher.tinymodel.dflash", "kind": "dflash-drafter",
+                                         "seed": seed, "dims": dims._asdict(), "agreeing": False,
+                                         "mask_token_id": pad, "target": target_dir.name,
+                                         "format_version": DRAFTER_FORMAT})
+    return out_dir
+
+
+def ensure_drafter_for(target_dir: Path, cache_dir: Path, seed: int = 0) -> Path:
+    """``cache_dir/<target>-dflash-s{seed}``, written once (a finished drafter is reused)."""
+    out = Path(cache_dir).expanduser() / f"{Path(target_dir).name}-dflash-s{seed}"
+    meta = out / METADATA_FILE
+    try:
+        if json.loads(meta.read_text()).get("format_version") == DRAFTER_FORMAT:
+            return out
+    except (OSError, ValueError):
+        pass
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_drafter_for(target_dir, tmp, seed)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
 def target_config(dims: Dims = DIMS, *, eos_id: int, pad_id: int) -> dict:
     return _qwen3_config(dims, layers=TARGET_LAYERS, eos_id=eos_id, pad_id=pad_id)
 
 
-def drafter_config(dims: Dims = DIMS, *, eos_id: int, pad_id: int, mask_token_id: int) -> dict:
-    cfg = _qwen3_config(dims, layers=DRAFT_LAYERS, eos_id=eos_id, pad_id=pad_id)
+def drafter_config(dims: Dims = DIMS, *, eos_id: int, pad_id: int, mask_token_id: int,
+                   layers: int = DRAFT_LAYERS) -> dict:
+    cfg = _qwen3_config(dims, layers=layers, eos_id=eos_id, pad_id=pad_id)
     cfg.update({
         "architectures": ["DFlashDraftModel"],
         "num_target_layers": TARGET_LAYERS,
@@ -135,9 +190,9 @@ def target_layout(dims: Dims = DIMS) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
-def drafter_layout(dims: Dims = DIMS) -> list[tuple[str, tuple[int, ...], str]]:
+def drafter_layout(dims: Dims = DIMS, layers: int = DRAFT_LAYERS) -> list[tuple[str, tuple[int, ...], str]]:
     out = []
-    for i in range(DRAFT_LAYERS):
+    for i in range(layers):
         out += _decoder_layer(dims, f"layers.{i}")
     out += [
         ("fc.weight", (dims.hidden, dims.hidden * len(TARGET_LAYER_IDS)), "linear"),

@@ -1,0 +1,147 @@
+"""The seeds' deployment in miniature, for real: `radiance up profiles/tiny-cpu-tp2.yaml` (the trained tiny
+Qwen3.5 at TP=2 on vLLM CPU, all four patches on), then the same profile with features turned off, each
+served once and asked the same greedy questions through the gateway, alone and 8 at a time.
+
+* all four on: ready, the gate passed with the profile's calibrated thresholds, `radiance status --json`
+  lists the four features applied, and the fp8-stream install line counts the fused sites;
+* dynamic-draft + w4-drafter are draft-side: turning both off must not change one token;
+* int4-head and fp8-stream are target-side: their agreement with stock is measured and printed
+  (fp8-stream against the same radiance_fp8 linears without the contract is expected to be exact: the
+  epilogue and the stock path quantise with the same arithmetic; int4-head is gated, not asserted).
+The comparison servers skip the gate (`--skip-gate`): what they are for is their tokens.
+"""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from .conftest import REPO, start
+
+pytestmark = pytest.mark.e2e
+PROFILE = REPO / "profiles" / "tiny-cpu-tp2.yaml"
+MAX_TOKENS = 48
+PROMPTS = {
+    "code": ["def f0(x):\n    return x + 0\n\ndef f1(x):\n    return x + 1\n\ndef f2(x):\n",
+             "import json\nimport os\nimport sys\n\n\ndef main(argv=None):\n"],
+    "json": ['[{"id": 1, "name": "a", "ok": true}, {"id": 2, "name": "b", "ok": true}, {"id": 3, "name": ',
+             '{"users": [{"name": "x", "age": 3}, {"name": "y", "age": 4}, {"name": "z", "age": '],
+    "prose": ["Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+              "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.",
+              "The quick brown fox jumps over the lazy dog. The quick brown fox"],
+}
+FLAT = [p for kind in PROMPTS.values() for p in kind]
+OFF = {"dynamic_draft": False, "w4_drafter": False, "int4_head": False, "fp8_stream": False}
+VARIANTS = {  # name -> features turned off (the rest as the profile ships them)
+    "all": {},
+    "target_only": {"dynamic_draft": False, "w4_drafter": False},
+    "fp8_only": {"dynamic_draft": False, "w4_drafter": False, "int4_head": False},
+    "stock": OFF,
+}
+
+
+def _variant_profile(tmp: Path, name: str, off: dict, profile: Path = PROFILE) -> Path:
+    data = yaml.safe_load(profile.read_text())
+    data["name"] = f"{data['name']}-{name}".replace("_", "-")
+    for feature, value in off.items():
+        data["features"][feature] = value
+    path = tmp / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _complete(base: str, prompt: str, model: str = "tiny-tp2") -> list[int]:
+    r = httpx.post(base + "/v1/completions", timeout=300, json={
+        "model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+        "ignore_eos": True, "return_token_ids": True})
+    r.raise_for_status()
+    return list(r.json()["choices"][0]["token_ids"])
+
+
+def _serve(tmp_root: Path, name: str, off: dict, profile: Path = PROFILE, model: str = "tiny-tp2") -> dict:
+    """Bring the profile (with ``off`` turned off; those variants skip the gate) up once, ask every
+    prompt alone and then all at once, read its status and engine log, take it down."""
+    path = profile if not off else _variant_profile(tmp_root, name, off, profile)
+    args = () if not off else ("--skip-gate",)
+    dep = start(tmp_root / name, str(path), args=args)
+    try:
+        assert dep.up.returncode == 0, f"{name}: radiance up exited {dep.up.returncode}:\n{dep.up.stdout}\n" \
+                                       f"{dep.up.stderr}"
+        alone = [_complete(dep.base, p, model) for p in FLAT]
+        with ThreadPoolExecutor(8) as pool:
+            batch = list(pool.map(lambda p: _complete(dep.base, p, model), FLAT))
+        status = dep.status()
+        log = Path(dep.state()["engine_log"]).read_text()
+        return {"alone": alone, "batch": batch, "status": status, "log": log}
+    finally:
+        dep.down()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    if not (REPO / "models" / "tiny-qwen3.5-trained" / "model.safetensors").exists():
+        pytest.skip("the trained tiny Qwen3.5 is not in models/")
+    root = tmp_path_factory.mktemp("tiny-tp2")
+    return {name: _serve(root, name, off) for name, off in VARIANTS.items()}
+
+
+def _prefix_agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, list[int | None]]:
+    same = total = 0
+    first = []
+    for x, y in zip(a, b):
+        total += len(x)
+        d = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None)
+        first.append(d)
+        same += len(x) if d is None else d
+    return same / total, first
+
+
+def test_all_four_applied_and_the_gate_passed(served):
+    st = served["all"]["status"]
+    assert st["ready"] is True and st["gate"]["passed"] is True, json.dumps(st["gate"])[:2000]
+    patches = {p["feature"]: p["status"] for p in st["patches"] if p["feature"]}
+    for feature in ("dynamic_draft", "w4_drafter", "int4_head", "fp8_stream"):
+        assert patches.get(feature) == "applied", (feature, patches)
+    log = served["all"]["log"]
+    installed = [ln for ln in log.splitlines() if "radiance: fp8-stream installed:" in ln]
+    assert len(installed) == 2, log[-3000:]  # one line per TP rank
+    # 4 layers: every layer's post-attention site, layers 1-3's input sites; the last down_proj feeds
+    # model.norm (and the MTP drafter) as stock.
+    assert all("3 input + 4 post-attention epilogues over 4 layers (7 all-reduces fused)" in ln
+               for ln in installed), installed
+    assert "w4-drafter converted 4 drafter linears" in log and "int4-head: lm_head" in log
+    assert "latched off" not in log
+
+
+def test_draft_side_features_are_lossless(served):
+    for mode in ("alone", "batch"):
+        got, want = served["all"][mode], served["target_only"][mode]
+        diff = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
+        assert all(len(t) == MAX_TOKENS for t in got + want)
+        assert not diff, f"{mode}: prompts {diff} changed with dynamic-draft + w4-drafter on"
+
+
+def test_fp8_stream_equals_the_stock_fp8_path(served):
+    for mode in ("alone", "batch"):
+        agree, first = _prefix_agreement(served["fp8_only"][mode], served["stock"][mode])
+        print(f"\n[tiny tp2] fp8-stream vs radiance_fp8 without the contract ({mode}): prefix agreement "
+              f"{agree:.1%}, first differing token per prompt {first}")
+        assert agree == 1.0
+
+
+def test_report_int4_head_agreement(served, capsys):
+    """Target-side and gated: the numbers are reported, the gate decides."""
+    with capsys.disabled():
+        for mode in ("alone", "batch"):
+            agree, first = _prefix_agreement(served["target_only"][mode], served["fp8_only"][mode])
+            print(f"[tiny tp2] int4-head vs bf16 head ({mode}): prefix agreement {agree:.1%}, first differing "
+                  f"token per prompt {first}")
+            agree, first = _prefix_agreement(served["all"][mode], served["stock"][mode])
+            print(f"[tiny tp2] all four vs all off ({mode}): prefix agreement {agree:.1%}, first differing "
+                  f"token per prompt {first}")
+    acc = next(c for c in served["all"]["status"]["gate"]["checks"] if c["name"] == "acceptance")
+    print(f"[tiny tp2] gate acceptance with all four on: {acc['reason']}")
