@@ -52,11 +52,8 @@ def resolve_drafter(profile: Profile, cache_dir: Path, repo_root: Path) -> tuple
     model = profile.drafter.model
     if model is None:
         return None, None
-    if model.startswith(BUILTIN_PREFIX):  # a tiny DFlash drafter for a committed trained target
-        from .tinymodel import dflash
-
-        target = model[len(BUILTIN_PREFIX):].removesuffix("-dflash") + "-trained"
-        out = dflash.ensure_drafter_for(repo_root / "models" / target, cache_dir)
+    if model.startswith(BUILTIN_PREFIX):  # a trained tiny DFlash drafter committed under models/
+        out = repo_root / "models" / f"{model[len(BUILTIN_PREFIX):]}-trained"
         return str(out), out
     local = Path(model).expanduser()
     if local.exists():

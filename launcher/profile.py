@@ -23,7 +23,7 @@ BUILTIN_PREFIX = "builtin:"
 # The tiny test models (launcher.tinymodel): random weights generated on first use, or the trained
 # ones committed under models/.
 BUILTIN_MODELS = ("tiny-qwen3next", "tiny-qwen3next-trained", "tiny-qwen3.5", "tiny-qwen3.5-trained")
-# A random-weight DFlash drafter written on first use for the trained tiny Qwen3.5 (tests, tiny profiles).
+# The trained tiny DFlash drafter of the trained tiny Qwen3.5, committed under models/ (tiny profiles).
 BUILTIN_DRAFTERS = ("tiny-qwen3.5-dflash",)
 
 

@@ -5,11 +5,11 @@
 for it). Only tests use it (the DFlash path of the w4-drafter), so nothing is cached or committed:
 a test writes the pair into its tmp dir in a couple of seconds.
 
-``write_drafter_for(target_dir, out_dir, seed)`` writes a DFlash drafter for an existing target --
-the trained tiny Qwen3.5 (``builtin:tiny-qwen3.5-dflash``, the DFlash profiles' drafter): its
-tokenizer, vocabulary and special ids, conditioned on target layers ``TARGET_LAYER_IDS``. Its
-weights are random, so its drafts are rarely accepted; what it exercises is the serving path
-(DFlash's taps beside fp8-stream, the w4-drafter's conversion), not a speed-up.
+``write_drafter_for(target_dir, out_dir, seed, state=None)`` writes a DFlash drafter for an existing
+target -- the trained tiny Qwen3.5: its tokenizer, vocabulary and special ids, one layer per target
+full-attention layer, conditioned on target layers ``TARGET_LAYER_IDS``. With ``state`` (trained by
+tools/train_tiny/dflash.py) it is ``models/tiny-qwen3.5-dflash-trained``, the DFlash profiles'
+``builtin:tiny-qwen3.5-dflash``; without, random weights whose drafts are never accepted.
 
 What vLLM reads from the drafter (``qwen3_dflash.py``, ``config/speculative.py``):
 
@@ -100,8 +100,10 @@ def _qwen3_config(dims: Dims, *, layers: int, eos_id: int, pad_id: int) -> dict:
     }
 
 
-def write_drafter_for(target_dir: Path, out_dir: Path, seed: int = 0, *, dims: Dims = DIMS) -> Path:
-    """A DFlash drafter for the target checkpoint in ``target_dir`` (deterministic for a seed)."""
+def write_drafter_for(target_dir: Path, out_dir: Path, seed: int = 0, *, dims: Dims = DIMS,
+                      state: dict | None = None, meta: dict | None = None) -> Path:
+    """A DFlash drafter for the target checkpoint in ``target_dir``: random weights (deterministic for a
+    seed) or ``state`` (trained: tools/train_tiny/dflash.py), with ``meta`` in its metadata file."""
     from launcher.tinymodel import weights
 
     target_dir, out_dir = Path(target_dir), Path(out_dir)
@@ -122,29 +124,18 @@ def write_drafter_for(target_dir: Path, out_dir: Path, seed: int = 0, *, dims: D
     cfg["num_target_layers"] = text["num_hidden_layers"]
     cfg["vocab_size"] = text["vocab_size"]
     _write_json(out_dir / "config.json", cfg)
-    weights.save(random_state_dict(drafter_layout(dims, layers), seed + 1), out_dir)
-    _write_json(out_dir / METADATA_FILE, {"generator": "launcher.tinymodel.dflash", "kind": "dflash-drafter",
+    names = [n for n, _, _ in drafter_layout(dims, layers)]
+    if state is None:
+        state = random_state_dict(drafter_layout(dims, layers), seed + 1)
+    elif sorted(state) != sorted(names):
+        raise ValueError(f"drafter state does not match the layout: {sorted(set(state) ^ set(names))}")
+    weights.save({n: state[n].contiguous() for n in names}, out_dir)
+    _write_json(out_dir / METADATA_FILE, {"generator": "launcher.tinymodel.dflash",
+                                         "kind": "dflash-drafter" if meta is None else "dflash-drafter-trained",
                                          "seed": seed, "dims": dims._asdict(), "agreeing": False,
                                          "mask_token_id": pad, "target": target_dir.name,
-                                         "format_version": DRAFTER_FORMAT})
+                                         "format_version": DRAFTER_FORMAT, **(meta or {})})
     return out_dir
-
-
-def ensure_drafter_for(target_dir: Path, cache_dir: Path, seed: int = 0) -> Path:
-    """``cache_dir/<target>-dflash-s{seed}``, written once (a finished drafter is reused)."""
-    out = Path(cache_dir).expanduser() / f"{Path(target_dir).name}-dflash-s{seed}"
-    meta = out / METADATA_FILE
-    try:
-        if json.loads(meta.read_text()).get("format_version") == DRAFTER_FORMAT:
-            return out
-    except (OSError, ValueError):
-        pass
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    write_drafter_for(target_dir, tmp, seed)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
 
 
 def target_config(dims: Dims = DIMS, *, eos_id: int, pad_id: int) -> dict:

@@ -6,8 +6,8 @@ same profile with the w4-drafter off (stock DFlash drafting), each served once.
   them -- those two down sites stock, every other site streaming -- instead of declining;
 * the w4-drafter converts the drafter's qkv / o / gate_up / down (not fc) and nothing of the target;
 * draft-side, so lossless: greedy tokens identical to stock DFlash, alone and 8 at a time.
-The drafter's weights are random (launcher/tinymodel/dflash.py), so its drafts are rarely accepted: this
-checks the serving path, and the acceptance it reaches is printed, not asserted.
+The drafter is the trained tiny one (models/tiny-qwen3.5-dflash-trained); the acceptance it reaches is
+gated by the profile (calibrated) and printed.
 """
 from __future__ import annotations
 

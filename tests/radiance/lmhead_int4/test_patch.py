@@ -107,3 +107,48 @@ def test_quantiser_error_fails_closed(int4, monkeypatch):
     head.quant_method.process_weights_after_loading(head)
     assert int4.latched_off and "oom" in int4.latch_reason
     assert not isinstance(head.quant_method, Int4HeadMethod) and head.weight.numel() > 0
+
+
+def test_a_head_with_the_unquantized_linear_method_is_converted(int4):
+    """INC / AutoRound configs give lm_head UnquantizedLinearMethod on purpose: int4-head takes it too."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    head, _ = _head()
+    head.quant_method = UnquantizedLinearMethod()
+    head.quant_method.process_weights_after_loading(head)
+    assert isinstance(head.quant_method, Int4HeadMethod) and head.weight.numel() == 0
+
+
+def test_a_head_left_unconverted_is_a_recorded_decline(int4):
+    """After the target's load, a head no hook converted is declined in the report, with its reason."""
+    from radiance.patching import report
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    class OtherHeadMethod(UnquantizedEmbeddingMethod):
+        pass
+
+    head, _ = _head()
+    head.quant_method = OtherHeadMethod()
+    head.quant_method.process_weights_after_loading(head)
+    model = torch.nn.Module()
+    model.lm_head = head
+    int4._load_finished(model)
+    out = report().outcomes[int4.name]
+    assert out.status == "declined" and "already has a quantised method (OtherHeadMethod)" in out.reason
+    # a converted head leaves the outcome alone
+    ok, _ = _head()
+    ok.quant_method.process_weights_after_loading(ok)
+    model.lm_head = ok
+    report().record(patching.Outcome(int4.name, int4.feature, "applied"))
+    int4._load_finished(model)
+    assert report().outcomes[int4.name].status == "applied"
+
+
+def test_tie_is_read_from_the_text_config(int4, monkeypatch, caplog):
+    """A VL wrapper's top-level config can say untied while the text model is tied."""
+    cfg = types.SimpleNamespace(hf_config=types.SimpleNamespace(tie_word_embeddings=False),
+                                hf_text_config=types.SimpleNamespace(tie_word_embeddings=True), head_dtype=None)
+    monkeypatch.setattr(head_patch, "_model_config", lambda: cfg)
+    head, _ = _head()
+    head.quant_method.process_weights_after_loading(head)
+    assert not isinstance(head.quant_method, Int4HeadMethod) and "tied" in caplog.text

@@ -234,3 +234,36 @@ def test_dflash_block_fp8_qkv_is_declined_mtp_is_not(w4):
         if not converted:
             assert "DFlash" in reason and "context" in reason
     assert DRAFT_SCOPE.method() is None
+
+
+def test_mtp_drafter_under_radiance_fp8_gets_4bit_weights(w4):
+    """An MTP drafter is built with the target's quant config: under radiance_fp8 (fp8-stream's) its
+    linears carry the radiance_fp8 methods, and the w4-drafter converts those too, inside the bracket."""
+    from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+
+    from radiance.fp8_stream.linear import Fp8StreamConfig, Fp8StreamLinearMethod
+
+    cfg = Fp8StreamConfig()
+    bf = torch.bfloat16
+    qkv = QKVParallelLinear(256, 64, 4, 2, bias=False, params_dtype=bf, disable_tp=True, quant_config=cfg,
+                            prefix="mtp.layers.0.self_attn.qkv_proj")
+    o = RowParallelLinear(256, 256, bias=False, params_dtype=bf, disable_tp=True, quant_config=cfg,
+                          prefix="mtp.layers.0.self_attn.o_proj")
+    target_o = RowParallelLinear(256, 256, bias=False, params_dtype=bf, disable_tp=True, quant_config=cfg,
+                                 prefix="model.layers.3.self_attn.o_proj")
+    gen = torch.Generator().manual_seed(1)
+    for layer in (qkv, o, target_o):
+        assert isinstance(layer.quant_method, Fp8StreamLinearMethod)
+        layer.weight.data.copy_(torch.randn(layer.weight.shape, generator=gen) * 0.02)
+    w_ref = o.weight.data.clone()
+    _load_draft([qkv, o])
+    for layer in (qkv, o):
+        assert isinstance(layer.quant_method, convert.W4Method), layer.prefix
+        # the converted layer takes bf16 only: it must not pass on the fp8-input declaration
+        assert layer.quant_method.radiance_fp8_input is None
+    x = torch.randn(3, 256, generator=gen).to(bf)
+    got = o.quant_method.apply(o, x).float()
+    assert float((got - x.float() @ w_ref.float().t()).norm() / got.norm()) < 0.1
+    # the target's linear, loaded outside the bracket, keeps the W8A8 method
+    target_o.quant_method.process_weights_after_loading(target_o)
+    assert isinstance(target_o.quant_method, Fp8StreamLinearMethod) and target_o.weight.dtype != bf
