@@ -6,6 +6,7 @@ stop it with `radiance down <name>`.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -45,6 +46,12 @@ def main() -> int:
     r.raise_for_status()
     text = r.json()["choices"][0]["text"]
     print(f"demo: completion through the gateway: {text!r}")
+    st = subprocess.run([sys.executable, "-m", "launcher", "status", name, "--json"], capture_output=True, text=True)
+    if st.returncode == 0:
+        patches = {p["feature"]: p["status"] for p in json.loads(st.stdout).get("patches", []) if p["feature"]}
+        applied = [f for f, s in patches.items() if s == "applied"]
+        rest = ", ".join(f"{f}: {s}" for f, s in patches.items() if s != "applied")
+        print(f"demo: {len(applied)} patches applied: {', '.join(applied)}" + (f" ({rest})" if rest else ""))
     print(f"demo: {name} is serving at {base}/v1 — stop it with `radiance down {name}`")
     return 0 if 503 in seen and final.status_code == 200 else 1
 
