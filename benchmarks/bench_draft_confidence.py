@@ -25,6 +25,10 @@ re-times the best few, and writes the per-device table the launcher reads
 (``radiance/configs/draft_confidence/<device>.json``; ``--table`` writes a copy elsewhere too).
 
     python benchmarks/bench_draft_confidence.py [--json out.json] [--tune [--table t.json]] [--quick]
+        [--vocab 124160,75968] [--tune-b 1,8,16] [--narrow]
+
+``--vocab``: the columns to tune and benchmark (default 248320); the table keeps one set of
+entries per column count (``cols``), and a launch takes the set nearest its own.
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from radiance.kernels import draft_confidence as dc  # noqa: E402
 
-V = 248320
+V = 248320  # the default columns; --vocab sets others
 SPEC_BW = 4.8e12  # H200 datasheet HBM3e bandwidth, bytes/s
 L2_BYTES = 60 << 20  # H200; inputs rotate through at least twice this much
 TUNE_B = (1, 8, 16, 32, 64, 128)
@@ -51,6 +55,10 @@ TUNE_B = (1, 8, 16, 32, 64, 128)
 # H200 they beat 4-warp programs by 0.4 us at B=8 and 0.8 us at B=64 (docs/benchmarks.md).
 TUNE_SPACE = {"block_warps": [(256, 1), (512, 2), (1024, 4), (2048, 8)], "unroll": [1, 2, 4, 8],
               "stages": [1, 2, 3, 4], "programs_per_sm": [4, 8, 12, 16, 24]}
+# --narrow: the part of TUNE_SPACE every winner so far came from (one- and two-warp programs,
+# pipelined loops), for a tune that must fit a short device lease
+NARROW_SPACE = {"block_warps": [(256, 1), (512, 2)], "unroll": [1, 2, 4, 8], "stages": [2, 3, 4],
+                "programs_per_sm": [4, 8, 12, 16, 24]}
 
 
 def copy_bandwidth(do_bench) -> float:
@@ -118,10 +126,11 @@ def host_us(fn, x, n=2000) -> float:
     return (time.perf_counter() - t0) * 1e6 / n
 
 
-def inputs(b, dtype):
-    one = b * V * torch.tensor([], dtype=dtype).element_size()
+def inputs(b, dtype, cols=None):
+    cols = cols or V
+    one = b * cols * torch.tensor([], dtype=dtype).element_size()
     n = max(2, min(16, -(-2 * L2_BYTES // one)))
-    return [(torch.randn(b, V, device="cuda") * 4).to(dtype) for _ in range(n)]
+    return [(torch.randn(b, cols, device="cuda") * 4).to(dtype) for _ in range(n)]
 
 
 def check(got, want):
@@ -129,16 +138,18 @@ def check(got, want):
     torch.testing.assert_close(got[1], want[1], rtol=3e-5, atol=0)
 
 
-def tune(bw: float, table_copy: str | None, dev: str) -> list[dict]:
-    """Sweep configs per batch size (gpu time); re-time the best 3 of each; write the table."""
+def tune(bw: float, table_copy: str | None, dev: str, cols_list=(V,), tune_b=TUNE_B,
+         space=TUNE_SPACE) -> list[dict]:
+    """Sweep configs per (columns, batch size) (gpu time); re-time the best 3 of each; merge the
+    winners into the table (entries of other columns are kept)."""
     tuned = []
     best = {}
     configs = [dc.Config(block, unroll, warps, pps, stages)
                for (block, warps), unroll, stages, pps in itertools.product(
-                   TUNE_SPACE["block_warps"], TUNE_SPACE["unroll"], TUNE_SPACE["stages"],
-                   TUNE_SPACE["programs_per_sm"])]
-    for b in TUNE_B:
-        bufs = inputs(b, torch.bfloat16)
+                   space["block_warps"], space["unroll"], space["stages"],
+                   space["programs_per_sm"])]
+    for cols, b in itertools.product(cols_list, tune_b):
+        bufs = inputs(b, torch.bfloat16, cols)
         want = dc.draft_confidence_reference(bufs[0], -1)
         nbytes = bufs[0].numel() * bufs[0].element_size()
         rows = []
@@ -150,7 +161,7 @@ def tune(bw: float, table_copy: str | None, dev: str) -> list[dict]:
             except Exception as exc:  # a config that does not compile here is reported
                 print(f"  B={b} {cfg}: {type(exc).__name__}: {exc}")
                 continue
-            rows.append({"B": b, **cfg.as_dict(), "ok": ok, "us_gpu": us})
+            rows.append({"B": b, "V": cols, **cfg.as_dict(), "ok": ok, "us_gpu": us})
         top = sorted((r for r in rows if r["ok"]), key=lambda r: r["us_gpu"])[:3]
         for r in top:  # the sweep's single short timing is noisy at the top: time again, longer
             cfg = dc.Config(r["block"], r["unroll"], r["num_warps"], r["programs_per_sm"],
@@ -160,8 +171,8 @@ def tune(bw: float, table_copy: str | None, dev: str) -> list[dict]:
                 for _ in range(3))
         if top:
             win = min(top, key=lambda r: r["us_gpu_retimed"])
-            best[b] = win
-            print(f"  tune B={b:3d}: {win['block']}/{win['unroll']}/{win['num_warps']}w/"
+            best[(cols, b)] = win
+            print(f"  tune V={cols} B={b:3d}: {win['block']}/{win['unroll']}/{win['num_warps']}w/"
                   f"{win['programs_per_sm']}pps/S{win['stages']} {win['us_gpu_retimed']:.2f} us "
                   f"({100 * nbytes / (win['us_gpu_retimed'] * 1e-6) / bw:.1f}% copy BW)")
         for r in rows:
@@ -169,13 +180,25 @@ def tune(bw: float, table_copy: str | None, dev: str) -> list[dict]:
         tuned += rows
         del bufs
     key = dc.device_key(torch.device("cuda"))
+    path = dc.CONFIG_DIR / f"{key}.json"
+    entries = {}
+    if path.is_file():
+        for e in json.loads(path.read_text()).get("configs", []):
+            entries[(int(e.get("cols", dc.TABLE_COLS)), int(e["rows"]))] = e
+    for (cols, b), r in best.items():
+        entries[(cols, b)] = {"cols": cols, "rows": b,
+                              "config": dc.Config(r["block"], r["unroll"], r["num_warps"],
+                                                  r["programs_per_sm"], r["stages"]).as_dict(),
+                              "us": round(r["us_gpu_retimed"], 3)}
+    for (cols, _), e in entries.items():
+        e.setdefault("cols", cols)
     table = {"device": dev, "key": key, "written": time.strftime("%Y-%m-%d"),
              "triton": __import__("triton").__version__, "torch": torch.__version__,
-             "note": "written by benchmarks/bench_draft_confidence.py --tune (bf16, V=248320, "
-                     "gpu time); a batch of B rows uses the entry with the smallest rows >= B",
-             "configs": [{"rows": b, "config": dc.Config(r["block"], r["unroll"], r["num_warps"],
-                                                         r["programs_per_sm"], r["stages"]).as_dict(),
-                          "us": round(r["us_gpu_retimed"], 3)} for b, r in sorted(best.items())]}
+             "note": "written by benchmarks/bench_draft_confidence.py --tune (bf16, gpu time); a "
+                     "[B, V] block uses, among the entries of the cols nearest V, the one with the "
+                     "smallest rows >= B",
+             "configs": [{"cols": e["cols"], "rows": e["rows"], "config": e["config"], "us": e["us"]}
+                         for _, e in sorted(entries.items())]}
     dc.CONFIG_DIR.mkdir(parents=True, exist_ok=True)
     for path in [dc.CONFIG_DIR / f"{key}.json"] + ([table_copy] if table_copy else []):
         with open(path, "w") as f:
@@ -235,7 +258,13 @@ def main(argv=None) -> int:
     p.add_argument("--table", default=None, help="with --tune: also write the table here")
     p.add_argument("--quick", action="store_true", help="fewer shapes and providers")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile provider")
+    p.add_argument("--vocab", default=str(V), help="comma list of columns to tune and benchmark")
+    p.add_argument("--tune-b", default=",".join(map(str, TUNE_B)), help="batch sizes to tune")
+    p.add_argument("--batches", default=None, help="batch sizes to benchmark (default: by --quick)")
+    p.add_argument("--narrow", action="store_true", help="tune over NARROW_SPACE")
+    p.add_argument("--no-host", action="store_true", help="skip the host-time breakdown")
     args = p.parse_args(argv)
+    vocab = [int(v) for v in args.vocab.split(",") if v]
     if not torch.cuda.is_available():
         print("needs a CUDA or ROCm GPU", file=sys.stderr)
         return 2
@@ -261,7 +290,7 @@ def main(argv=None) -> int:
           f"{launch_call_us:.2f} us, host {launch_host_us:.2f} us")
 
     try:
-        breakdown = host_breakdown()
+        breakdown = {} if args.no_host else host_breakdown()
     except Exception:  # diagnostics only: the tables below matter more
         import traceback
         traceback.print_exc()
@@ -273,13 +302,18 @@ def main(argv=None) -> int:
     tuned = []
     if args.tune:
         try:
-            tuned = tune(bw, args.table, dev)
+            tuned = tune(bw, args.table, dev, vocab, [int(b) for b in args.tune_b.split(",")],
+                         NARROW_SPACE if args.narrow else TUNE_SPACE)
         except Exception:  # the untuned table below is still worth measuring
             import traceback
             traceback.print_exc()
-    table = {b: cfg.as_dict() for b, cfg in dc.load_table(dc.device_key(torch.device("cuda")))}
+    table = {f"V={cols} B={b}": cfg.as_dict()
+             for cols, entries in dc.load_table(dc.device_key(torch.device("cuda"))).items()
+             for b, cfg in entries}
 
     batches = [8, 64] if args.quick else [1, 8, 16, 64, 128]
+    if args.batches:
+        batches = [int(b) for b in args.batches.split(",")]
     dtypes = [torch.bfloat16] if args.quick else [torch.bfloat16, torch.float32]
     providers = {"stock": stock, "reference": lambda x: dc.draft_confidence_reference(x, -1),
                  "op": lambda x: torch.ops.radiance.draft_confidence(x, -1),
@@ -291,8 +325,8 @@ def main(argv=None) -> int:
     timed_gpu = {"stock", "ours"}
 
     rows = []
-    for dtype, b in itertools.product(dtypes, batches):
-        bufs = inputs(b, dtype)
+    for cols, dtype, b in itertools.product(vocab, dtypes, batches):
+        bufs = inputs(b, dtype, cols)
         x = bufs[0]
         nbytes = x.numel() * x.element_size()
         want = dc.draft_confidence_reference(x, -1)  # correctness on this very input first
@@ -309,17 +343,17 @@ def main(argv=None) -> int:
                 print(f"  {name} failed: {type(exc).__name__}: {exc}")
                 continue
             rows.append({"provider": name, "dtype": str(dtype).replace("torch.", ""), "B": b,
-                         "V": V, "bytes": nbytes, "us_event": ms * 1e3, "us_call": c_us,
+                         "V": cols, "bytes": nbytes, "us_event": ms * 1e3, "us_call": c_us,
                          "us_host": h_us, "us_gpu": dev_us,
                          "GBps_gpu": nbytes / (dev_us * 1e-6) / 1e9,
                          "frac_copy_bw_gpu": nbytes / (dev_us * 1e-6) / bw,
                          "frac_spec_bw_gpu": nbytes / (dev_us * 1e-6) / SPEC_BW})
         del bufs
 
-    print(f"\n{'provider':10s} {'dtype':9s} {'B':>4s} {'event':>8s} {'call':>8s} {'host':>8s} "
+    print(f"\n{'provider':10s} {'dtype':9s} {'V':>7s} {'B':>4s} {'event':>8s} {'call':>8s} {'host':>8s} "
           f"{'gpu':>8s} {'%copyBW':>8s} {'%spec':>6s}   (us per call)")
     for r in rows:
-        print(f"{r['provider']:10s} {r['dtype']:9s} {r['B']:4d} {r['us_event']:8.2f} "
+        print(f"{r['provider']:10s} {r['dtype']:9s} {r['V']:7d} {r['B']:4d} {r['us_event']:8.2f} "
               f"{r['us_call']:8.2f} {r['us_host']:8.2f} {r['us_gpu']:8.2f} "
               f"{100 * r['frac_copy_bw_gpu']:7.1f}% {100 * r['frac_spec_bw_gpu']:5.1f}%")
     if tuned:

@@ -44,6 +44,11 @@ SHAPES = {  # name: (N, K)
     "down": (5120, 8704),
     "lm_head_151936x2048": (151936, 2048),
     "lm_head_248320x5120": (248320, 5120),
+    # per rank at TP=2 (radiance/kernels/shipped.py): Qwen3.5-27B's MTP qkv and o, both int4 heads
+    "qkv_7168x5120": (7168, 5120),
+    "o_5120x3072": (5120, 3072),
+    "lm_head_124160x5120": (124160, 5120),
+    "lm_head_75968x2048": (75968, 2048),
 }
 MS = (1, 8, 16, 32, 64)
 GROUP = 128
@@ -101,10 +106,14 @@ def random_packed(n: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 # ---------------------------------------------------------------------------------------
 # tuning
 # ---------------------------------------------------------------------------------------
+XSUMS = (False, True)
+
+
 def candidates(m: int, n: int, k: int, sms: int) -> list[wk.Config]:
     """The sweep. Two K blocks per iteration (k_per_iter=2) and a register cap (max_regs)
     are supported by the kernel but never won on the H200 (2026-11-29 sweep: more shared
-    memory per program, or spills), so they are not swept here."""
+    memory per program, or spills), so they are not swept here; ``--no-xsum`` leaves out the
+    folded code bias too (it never won there either)."""
     bm = wk.block_m_for(m)
     bms = (8, 16) if m <= 8 else (bm,)
     kblocks = layout.padded_k(k) // layout.KBLOCK
@@ -116,7 +125,7 @@ def candidates(m: int, n: int, k: int, sms: int) -> list[wk.Config]:
                 if sk > 1 and (tiles >= 2 * sms or tiles * sk > 8 * sms or kblocks // sk < 2):
                     continue
                 for stages in (3, 5):
-                    for xsum in (False, True):
+                    for xsum in XSUMS:
                         out.append(wk.Config(bn, bm, sk, warps, stages, 1, xsum))
     return out
 
@@ -375,6 +384,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile-once", metavar="SHAPE", default=None,
                    help="run the kernel for SHAPE at the first --ms value twice (for ncu) and exit")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
+    p.add_argument("--no-xsum", action="store_true", help="tune without the folded code bias (xsum)")
     p.add_argument("--ms", default=",".join(map(str, MS)))
     p.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     p.add_argument("--json", default=str(REPO / "reports" / "bench_w4a16_gemm.json"))
@@ -400,6 +410,9 @@ def main(argv=None) -> int:
         print(f"[profile] {args.profile_once} M={ms[0]} {wk.lookup_config(ms[0], n, k, GROUP, device)}", flush=True)
         return 0
     if args.tune or args.tune_only:
+        global XSUMS
+        if args.no_xsum:
+            XSUMS = (False,)
         results = tune(shapes, ms, device, args.workers)
         path = write_table(results, device)
         report["tuned"] = results

@@ -39,7 +39,6 @@ import torch
 from ..kernels.add_rms_quant import (
     add_rms_quant_reference,
     check_group,
-    fp8_tag,
     launch_params,
     quant_constexprs,
     resolve_fp8_dtype,
@@ -286,27 +285,29 @@ def allreduce_epilogue(partial: torch.Tensor, residual: torch.Tensor, weight: to
 
 
 def _register_aot() -> None:
-    """Per-rank kernel specialisations, so `python -m radiance.kernels.aot` proves they build for
-    gfx1201/gfx942 and an image can ship them compiled (same options as the launch above)."""
+    """The per-rank launches of the fp8-stream profiles (hidden 5120, both activation-scale modes,
+    the device's fp8 format), so `python -m radiance.kernels.aot` proves they build for
+    gfx1201/gfx942 and an image ships them compiled: planned by calling the launcher above with
+    CPU tensors (radiance.kernels.aot)."""
     if triton is None:
         return
-    from ..kernels import aot
-    from ..kernels.add_rms_quant import AOT_HIDDEN, FP8_DTYPES, SUPPORTED_GROUPS, aot_options
+    import functools
 
-    sig = {"p0_ptr": "*bf16", "p1_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": "*u8",
-           "s_ptr": "*fp32", "ro_ptr": "*bf16", "K": "i32", "eps": "fp32"}
-    for k in AOT_HIDDEN:
-        block_a, block_b, log2, num_warps = launch_params(k)
-        for fp8_dtype in FP8_DTYPES:
-            for group in SUPPORTED_GROUPS:
-                consts = {**quant_constexprs(group, fp8_dtype), "BLOCK_A": block_a, "BLOCK_B": block_b,
-                          "LOG2": log2}
-                fmt = fp8_tag(fp8_dtype)
-                aot.register(aot.AotSpec(
-                    name=f"allreduce_add_rms_quant[2 ranks,bf16,K{k},{fmt},g{group}]", feature="fp8_stream",
-                    kernel=_allreduce_add_rms_quant_kernel,
-                    signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts,
-                    num_warps=num_warps, **aot_options()))
+    from ..kernels import aot, shipped
+
+    def call(k: int, group: int, fp8_dtype: torch.dtype) -> None:
+        p0 = torch.empty((1, k), dtype=torch.bfloat16)
+        allreduce_add_rms_quant_triton(p0, torch.empty_like(p0), torch.empty_like(p0),
+                                       torch.empty(k, dtype=torch.bfloat16), 1e-6, group, fp8_dtype)
+
+    def launches(dev, arch):
+        if not dev.has_fp8:  # radiance_fp8, and so fp8-stream, needs sm_89+ on NVIDIA
+            return
+        k = shipped.FP8_HIDDEN
+        for group in shipped.FP8_GROUPS:
+            yield f"K={k} group={group}", functools.partial(call, k, group, dev.fp8_dtype)
+
+    aot.register("allreduce_add_rms_quant", "fp8_stream", launches)
 
 
 _register_aot()

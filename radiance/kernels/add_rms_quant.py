@@ -57,12 +57,19 @@ activation (tests/radiance/kernels/test_add_rms_quant.py checks it).
 """
 from __future__ import annotations
 
-import os
+import functools
 
 import torch
 
-from . import aot
-from .dispatch import eager_gpu_call, fp8_dtype_for_device, register_library_op
+from . import aot, shipped
+from .dispatch import (
+    DeviceInfo,
+    describe,
+    eager_gpu_call,
+    fp8_dtype_for_device,
+    plan_cache,
+    register_library_op,
+)
 
 try:  # Triton is optional: the reference runs everywhere.
     import triton
@@ -501,30 +508,25 @@ def quant_constexprs(group_size: int, fp8_dtype: torch.dtype) -> dict:
             "FNUZ": fp8_dtype == torch.float8_e4m3fnuz}
 
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def native_constexprs(device: torch.device, fp8_dtype: torch.dtype) -> dict:
+def native_constexprs(dev: DeviceInfo, fp8_dtype: torch.dtype) -> dict:
     """NATIVE (the compiler's RTNE fp32 -> bf16) and HW_FP8 (cvt.rn.satfinite to e4m3fn) where
     they were checked bit for bit against the reference: NVIDIA GPUs (fp8 from sm_89). The
     interpreter truncates on conversion and ROCm has not been run, so both keep the integer
     paths there."""
-    if interpreting() or device.type != "cuda" or torch.version.hip is not None:
+    if dev.interpret or dev.backend != "cuda":
         return {"NATIVE": False, "HW_FP8": False}
-    return {"NATIVE": True, "HW_FP8": fp8_dtype == torch.float8_e4m3fn
-            and torch.cuda.get_device_capability(device) >= (8, 9)}
+    return {"NATIVE": True, "HW_FP8": fp8_dtype == torch.float8_e4m3fn and dev.capability >= (8, 9)}
 
 
 def fp8_tag(fp8_dtype: torch.dtype) -> str:
-    """The fp8 format's short name in AOT spec names: 'fn' (e4m3fn) or 'fnuz' (e4m3fnuz)."""
+    """The fp8 format's short name in benchmark and test ids: 'fn' (e4m3fn) or 'fnuz' (e4m3fnuz)."""
     return "fnuz" if fp8_dtype == torch.float8_e4m3fnuz else "fn"
 
 
-def codes_as_bytes(fp8_dtype: torch.dtype) -> bool:
+def codes_as_bytes(fp8_dtype: torch.dtype, dev: DeviceInfo) -> bool:
     """Whether a kernel must be handed the fp8 codes as uint8: the interpreter has no fp8
     pointers, and Triton on NVIDIA none of the fnuz format."""
-    return interpreting() or (fp8_dtype == torch.float8_e4m3fnuz and torch.version.hip is None)
+    return dev.interpret or (fp8_dtype == torch.float8_e4m3fnuz and dev.backend != "hip")
 
 
 class _Plan:
@@ -535,7 +537,7 @@ class _Plan:
 
     __slots__ = ("consts", "k", "num_warps", "q_as_bytes", "scale_cols")
 
-    def __init__(self, k: int, group_size: int, fp8_dtype: torch.dtype, device: torch.device):
+    def __init__(self, k: int, group_size: int, fp8_dtype: torch.dtype, dev: DeviceInfo):
         check_group(group_size, k)
         if fp8_dtype not in FP8_DTYPES:
             raise ValueError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
@@ -543,9 +545,9 @@ class _Plan:
         self.k = k
         self.scale_cols = k // group_size if group_size else 1
         self.consts = {**quant_constexprs(group_size, fp8_dtype), "BLOCK_A": block_a,
-                       "BLOCK_B": block_b, "LOG2": log2, **native_constexprs(device, fp8_dtype)}
+                       "BLOCK_B": block_b, "LOG2": log2, **native_constexprs(dev, fp8_dtype)}
         self.num_warps = WARPS_OVERRIDE.get(block_a + block_b, kernel_warps(k))
-        self.q_as_bytes = codes_as_bytes(fp8_dtype)
+        self.q_as_bytes = codes_as_bytes(fp8_dtype, dev)
 
     def launch(self, m, y, residual, weight, q, scale, new_residual, eps):
         if self.q_as_bytes:
@@ -555,7 +557,7 @@ class _Plan:
             enable_fp_fusion=False, **self.consts)
 
 
-_PLANS: dict[tuple, _Plan] = {}
+_PLANS: dict[tuple, _Plan] = plan_cache()
 
 
 def add_rms_quant_triton(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -568,7 +570,7 @@ def add_rms_quant_triton(y: torch.Tensor, residual: torch.Tensor, weight: torch.
     key = (k, group_size, fp8_dtype, y.dtype, residual.dtype, weight.dtype, device)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS[key] = _Plan(k, group_size, fp8_dtype, device)
+        plan = _PLANS[key] = _Plan(k, group_size, fp8_dtype, describe(device))
     if residual.shape != y.shape or weight.shape != (k,):
         raise ValueError(f"residual {tuple(residual.shape)} and weight {tuple(weight.shape)} do not "
                          f"match y {tuple(y.shape)}")
@@ -632,48 +634,22 @@ def add_rms_quant(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------------------
-# AOT specialisations: the shipping dtypes (bf16 activations and weight), both fp8 formats,
-# per token and per group, the hidden sizes of the Qwen3-Next family and the tiny test model.
+# AOT: the fp8-stream profiles' hidden size, both activation-scale modes, the device's fp8 format
+# (radiance.kernels.aot).
 # ---------------------------------------------------------------------------------------
 
-AOT_HIDDEN = (2048, 5120)
-
-
-def aot_options() -> dict:
-    """The kernels run with fp fusion off (an fma would round differently from the reference);
-    the AOT binary is compiled the same way, so it is the one launched at run time."""
-    return {"options": {"enable_fp_fusion": False}}
-
-
-# Where each AOT flavour runs: the HIP targets keep the integer conversions (see
-# native_constexprs), NVIDIA gets the native ones (hardware fp8 only for e4m3fn on sm_89+).
-AOT_TARGETS = {("gfx1201", "gfx1200", "gfx942", "gfx950"): (False, False), ("sm90", "sm89"): (True, True)}
-FP8_POINTER = {torch.float8_e4m3fn: "*fp8e4nv", torch.float8_e4m3fnuz: "*fp8e4b8"}
-
-
-def _register_aot() -> None:
-    if triton is None:
+def _aot_launches(dev: DeviceInfo, arch: str):
+    if not dev.has_fp8:
         return
-    # 16-byte alignment of every pointer and of K, as the JIT specialises aligned tensors: the
-    # AOT binary is the vectorised variant that actually runs.
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}
-    for k in AOT_HIDDEN:
-        block_a, block_b, log2, _ = launch_params(k)
-        num_warps = kernel_warps(k)
-        for fp8_dtype in FP8_DTYPES:
-            sig = {"y_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": FP8_POINTER[fp8_dtype],
-                   "s_ptr": "*fp32", "ro_ptr": "*bf16", "K": "i32", "eps": "fp32"}
-            for group in SUPPORTED_GROUPS:
-                for archs, (native, hw_fp8) in AOT_TARGETS.items():
-                    consts = {**quant_constexprs(group, fp8_dtype), "BLOCK_A": block_a,
-                              "BLOCK_B": block_b, "LOG2": log2, "NATIVE": native,
-                              "HW_FP8": hw_fp8 and fp8_dtype == torch.float8_e4m3fn}
-                    fmt = fp8_tag(fp8_dtype)
-                    aot.register(aot.AotSpec(
-                        name=f"add_rms_quant[bf16,K{k},{fmt},g{group},{archs[0]}]", feature="fp8_stream",
-                        kernel=_add_rms_quant_kernel,
-                        signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts,
-                        archs=archs, num_warps=num_warps, attrs=attrs, **aot_options()))
+    k = shipped.FP8_HIDDEN
+    for group in shipped.FP8_GROUPS:
+        yield f"K={k} group={group}", functools.partial(_aot_call, k, group)
 
 
-_register_aot()
+def _aot_call(k: int, group: int) -> None:
+    y = torch.empty((1, k), dtype=torch.bfloat16)
+    add_rms_quant_triton(y, torch.empty_like(y), torch.empty(k, dtype=torch.bfloat16), 1e-6, group)
+
+
+if triton is not None:
+    aot.register("add_rms_quant", "fp8_stream", _aot_launches)

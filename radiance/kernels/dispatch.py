@@ -1,10 +1,15 @@
-"""Which implementation of an op runs: Triton on a GPU tensor, the PyTorch reference elsewhere."""
+"""Which implementation of an op runs: Triton on a GPU tensor, the PyTorch reference elsewhere;
+and the small description of a device that every launcher's choices are made from."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import re
 
 import torch
+
+from .device import DeviceInfo
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,13 +37,70 @@ def eager_gpu_call(*tensors: torch.Tensor) -> bool:
             and triton_available())
 
 
+# Triton decides at import whether kernels are interpreted, so the flag is fixed per process.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_DESCRIBED: dict[torch.device, DeviceInfo] = {}
+_OVERRIDE: list[DeviceInfo] = []
+# Caches of launch plans keyed by torch device; emptied when the description of a device changes
+# (``describing``), so a plan is never one made for another description.
+_PLAN_CACHES: list[dict] = []
+
+
+def plan_cache() -> dict:
+    """A dict for a launcher's plans, emptied whenever ``describing`` swaps the description."""
+    cache: dict = {}
+    _PLAN_CACHES.append(cache)
+    return cache
+
+
+def _clear_plan_caches() -> None:
+    for cache in _PLAN_CACHES:
+        cache.clear()
+
+
+def describe(device: torch.device) -> DeviceInfo:
+    """The DeviceInfo of ``device`` (or the one ``describing`` set)."""
+    if _OVERRIDE:
+        return _OVERRIDE[-1]
+    info = _DESCRIBED.get(device)
+    if info is None:
+        info = _DESCRIBED[device] = _describe(device, INTERPRET)
+    return info
+
+
+def _describe(device: torch.device, interpret: bool) -> DeviceInfo:
+    if device.type != "cuda":
+        return DeviceInfo("cpu", "cpu", 0, device.type, interpret)
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        arch = props.gcnArchName.split(":")[0]
+        return DeviceInfo("hip", arch, props.multi_processor_count, arch, interpret)
+    return DeviceInfo("cuda", f"sm{props.major}{props.minor}", props.multi_processor_count,
+                      _name_key(props.name), interpret)
+
+
+@contextlib.contextmanager
+def describing(info: DeviceInfo):
+    """Every device is ``info`` inside the block: the AOT list and its tests plan launches for a
+    target GPU with CPU tensors."""
+    _OVERRIDE.append(info)
+    _clear_plan_caches()
+    try:
+        yield info
+    finally:
+        _OVERRIDE.pop()
+        _clear_plan_caches()
+
+
 def fp8_dtype_for_device(device: torch.device | None = None) -> torch.dtype:
     """float8_e4m3fnuz on gfx94x (MI300), float8_e4m3fn everywhere else (gfx12, sm_89+, CPU)."""
-    if device is not None and device.type == "cuda" and torch.version.hip:
-        arch = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
-        if arch.startswith("gfx94"):
-            return torch.float8_e4m3fnuz
-    return torch.float8_e4m3fn
+    if device is None:
+        return torch.float8_e4m3fn
+    return describe(device).fp8_dtype
+
+
+def _name_key(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 def device_key(device: torch.device) -> str:
@@ -48,7 +110,7 @@ def device_key(device: torch.device) -> str:
     props = torch.cuda.get_device_properties(device)
     if torch.version.hip:
         return props.gcnArchName.split(":")[0]
-    return re.sub(r"[^a-z0-9]+", "_", props.name.lower()).strip("_")
+    return _name_key(props.name)
 
 
 # Libraries must live as long as the process; the ops registered through them die with them.

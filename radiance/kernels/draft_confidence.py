@@ -25,8 +25,8 @@ reduced once, after the loop.
 Ties resolve to the lowest column, like ``torch.argmax``; the sum's order differs from the
 reference, so sum-exp agrees to fp32 rounding, max and argmax exactly.
 
-Launch configs are data: ``radiance/configs/draft_confidence/<device>.json`` (rows -> block,
-unroll, warps, programs per SM, pipeline stages), written by
+Launch configs are data: ``radiance/configs/draft_confidence/<device>.json`` ((columns, rows) ->
+block, unroll, warps, programs per SM, pipeline stages), written by
 ``benchmarks/bench_draft_confidence.py --tune``; without a table the module defaults below apply.
 The public ``draft_confidence`` sends eager CUDA tensors straight to the launcher, past the
 dispatcher (under ``torch.library.custom_op``, which the op no longer uses, that dispatch cost
@@ -43,8 +43,15 @@ from pathlib import Path
 
 import torch
 
-from . import aot
-from .dispatch import device_key, eager_gpu_call, register_library_op
+from . import aot, shipped
+from .dispatch import (  # noqa: F401  (device_key: the benchmarks name tables by it)
+    DeviceInfo,
+    describe,
+    device_key,
+    eager_gpu_call,
+    plan_cache,
+    register_library_op,
+)
 
 try:  # Triton is optional: a CPU-only install runs the reference
     import triton
@@ -266,28 +273,6 @@ if triton is not None:
                             part_idx_ptr, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr,
                             NSPLIT_P2)
 
-    for _dtype in ("bf16", "fp16", "fp32"):
-        aot.register(aot.AotSpec(
-            name=(f"draft_confidence[{_dtype},BLOCK{DEFAULT_CONFIG.block},U{DEFAULT_CONFIG.unroll}"
-                  f",S{DEFAULT_CONFIG.stages}]"),
-            feature="dynamic_draft",
-            kernel=_draft_confidence_kernel,
-            signature={
-                "logits_ptr": f"*{_dtype}", "stride_row": "i32", "n_valid": "i32",
-                "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "part_idx_ptr": "*i32",
-                "count_ptr": "*i32",
-                "out_max_ptr": "*fp32", "out_sum_ptr": "*fp32", "out_idx_ptr": "*i64",
-                "split_cols": "i32", "BLOCK": "constexpr", "UNROLL": "constexpr",
-                "NSPLIT_P2": "constexpr", "STAGES": "constexpr",
-            },
-            constexprs={"BLOCK": DEFAULT_CONFIG.block, "UNROLL": DEFAULT_CONFIG.unroll,
-                        "NSPLIT_P2": MAX_SPLITS, "STAGES": DEFAULT_CONFIG.stages},
-            # the JIT's specialisation for aligned rows: 16-byte loads
-            attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]],
-                   (10,): [["tt.divisibility", 16]]},
-            num_warps=DEFAULT_CONFIG.num_warps,
-        ))
-
 
 # --- reference -----------------------------------------------------------------------------
 
@@ -309,28 +294,43 @@ def draft_confidence_reference(logits: torch.Tensor, n_valid: int = -1
 
 # --- launch configs ------------------------------------------------------------------------
 
+# The columns the table's entries without a "cols" field were tuned at (the first table's V).
+TABLE_COLS = 248320
+
+
 @functools.cache
-def load_table(key: str) -> tuple[tuple[int, Config], ...]:
-    """((rows, Config), ...) sorted by rows from the device's JSON; () if there is none."""
+def load_table(key: str) -> dict[int, tuple[tuple[int, Config], ...]]:
+    """{columns: ((rows, Config), ...) sorted by rows} from the device's JSON; {} if there is none."""
     path = CONFIG_DIR / f"{key}.json"
     if not path.is_file():
-        return ()
+        return {}
     try:
         data = json.loads(path.read_text())
-        return tuple(sorted((int(e["rows"]), Config(**e["config"])) for e in data["configs"]))
+        table: dict[int, list] = {}
+        for e in data["configs"]:
+            table.setdefault(int(e.get("cols", TABLE_COLS)), []).append((int(e["rows"]), Config(**e["config"])))
+        return {cols: tuple(sorted(entries)) for cols, entries in table.items()}
     except Exception as exc:  # a broken table must not take the op down: defaults are correct
         logger.warning("radiance: ignoring unreadable draft_confidence table %s: %s", path, exc)
-        return ()
+        return {}
 
 
-def config_for(rows: int, device: torch.device) -> Config:
-    """The tuned config of the smallest tuned batch >= ``rows`` (the largest past the end),
-    else ``DEFAULT_CONFIG``."""
-    table = load_table(device_key(device)) if device.type == "cuda" else ()
-    for tuned_rows, cfg in table:
+def config_for(rows: int, device: torch.device, cols: int = TABLE_COLS) -> Config:
+    """The tuned config for a [rows, cols] block on ``device`` (see ``plan_config``)."""
+    return plan_config(rows, cols, describe(device))
+
+
+def plan_config(rows: int, cols: int, dev: DeviceInfo) -> Config:
+    """From the table of the columns nearest ``cols`` (by ratio), the entry of the smallest tuned
+    batch >= ``rows`` (the largest past the end); ``DEFAULT_CONFIG`` without a table."""
+    table = load_table(dev.table_key) if dev.backend != "cpu" else {}
+    if not table:
+        return DEFAULT_CONFIG
+    entries = table[min(table, key=lambda c: (abs(math.log(c / max(cols, 1))), c))]
+    for tuned_rows, cfg in entries:
         if rows <= tuned_rows:
             return cfg
-    return table[-1][1] if table else DEFAULT_CONFIG
+    return entries[-1][1]
 
 
 def split_plan(rows: int, n_cols: int, sm_count: int, block: int = DEFAULT_CONFIG.block,
@@ -351,9 +351,8 @@ def split_plan(rows: int, n_cols: int, sm_count: int, block: int = DEFAULT_CONFI
 # (device index, stream) -> (partial max, partial sum, partial idx, arrival counters). Per stream:
 # two launches on one stream are ordered; on two streams they could interleave tickets.
 _SCRATCH: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-_SM_COUNT: dict[int, int] = {}
 # Per call signature: everything a repeat launch needs, so the hot path does no planning.
-_LAUNCHES: dict[tuple, tuple] = {}
+_LAUNCHES: dict[tuple, tuple] = plan_cache()
 
 
 def _scratch(device: torch.device, stream: int, rows: int):
@@ -373,12 +372,18 @@ def _scratch(device: torch.device, stream: int, rows: int):
 
 
 def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 8  # the interpreter on CPU: any small grid exercises the combine
-    n = _SM_COUNT.get(device.index or 0)
-    if n is None:
-        n = _SM_COUNT[device.index or 0] = torch.cuda.get_device_properties(device).multi_processor_count
-    return n
+    # the interpreter on CPU has no SMs: any small grid exercises the combine
+    return describe(device).num_sms or 8
+
+
+def launch_plan(rows: int, n_cols: int, dev: DeviceInfo, config: Config | None = None
+                ) -> tuple[int, tuple, int]:
+    """(splits per row, the kernel's trailing arguments from split_cols on, num_warps) of the
+    launch for a [rows, n_cols] block on a device described by ``dev``."""
+    cfg = config or plan_config(rows, n_cols, dev)
+    split_cols, nsplit = split_plan(rows, max(n_cols, 1), dev.num_sms or 8, cfg.block,
+                                    cfg.programs_per_sm, cfg.unroll)
+    return nsplit, (split_cols, cfg.block, cfg.unroll, MAX_SPLITS, cfg.stages), cfg.num_warps
 
 
 def _launch(logits: torch.Tensor, n_valid: int, config: Config | None = None):
@@ -406,13 +411,9 @@ def _launch(logits: torch.Tensor, n_valid: int, config: Config | None = None):
            logits.data_ptr() % 16 == 0, config)
     plan = _LAUNCHES.get(key)
     if plan is None:  # the launch sits on the per-slot hot path: plan once per call signature
-        cfg = config or config_for(rows, dev)
-        split_cols, nsplit = split_plan(rows, max(n_cols, 1), _sm_count(dev), cfg.block,
-                                        cfg.programs_per_sm, cfg.unroll)
+        nsplit, tail, warps = launch_plan(rows, n_cols, describe(dev), config)
         # (grid, scratch (kept alive here: a grown _SCRATCH replaces it), trailing args, warps)
-        plan = _LAUNCHES[key] = (nsplit, _scratch(dev, stream, rows),
-                                 (split_cols, cfg.block, cfg.unroll, MAX_SPLITS, cfg.stages),
-                                 cfg.num_warps)
+        plan = _LAUNCHES[key] = (nsplit, _scratch(dev, stream, rows), tail, warps)
     nsplit, scratch, tail, warps = plan
     _draft_confidence_kernel[(rows, nsplit)](
         logits, stride, n_valid, *scratch, out_max, out_sum, out_idx, *tail, num_warps=warps,
@@ -468,3 +469,22 @@ def draft_confidence(logits: torch.Tensor, n_valid: int = -1
     if eager_gpu_call(logits):
         return draft_confidence_triton(logits, n_valid)
     return _OP(logits, n_valid)
+
+
+# --- ahead-of-time launches (radiance.kernels.aot) ----------------------------------------
+
+def _aot_launches(dev: DeviceInfo, arch: str):
+    for cols in shipped.DRAFT_VOCAB_SHARDS + shipped.DRAFT_VOCAB_FULL:
+        first: dict[Config, int] = {}
+        for rows in range(1, shipped.DRAFT_ROWS + 1):
+            first.setdefault(plan_config(rows, cols, dev), rows)
+        for rows in first.values():
+            yield f"B={rows} V={cols}", functools.partial(_aot_call, rows, cols)
+
+
+def _aot_call(rows: int, cols: int) -> None:
+    _launch(torch.empty((rows, cols), dtype=torch.bfloat16), cols)
+
+
+if triton is not None:
+    aot.register("draft_confidence", "dynamic_draft", _aot_launches)

@@ -29,8 +29,8 @@ import functools
 
 import torch
 
-from . import aot
-from .dispatch import use_triton
+from . import aot, shipped
+from .dispatch import DeviceInfo, describe, use_triton
 
 try:
     import triton
@@ -170,11 +170,9 @@ def tile_config(m: int) -> tuple[int, int, int, int]:
     return 128, 128, 8, 3
 
 
-def _needs_upcast(device: torch.device) -> bool:
+def _needs_upcast(dev: DeviceInfo) -> bool:
     """fp8 MMA: sm_89+, and on ROCm every arch Triton emulates or has (gfx94x/95x/12)."""
-    if device.type != "cuda" or torch.version.hip:
-        return False  # the interpreter (CPU tensors) handles fp8 dots
-    return torch.cuda.get_device_capability(device) < (8, 9)
+    return dev.backend == "cuda" and dev.capability < (8, 9)  # the interpreter handles fp8 dots
 
 
 def fp8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
@@ -201,7 +199,7 @@ def fp8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
         a_q, w_q, sa, sw, bias if bias is not None else out, out, m, n, k,
         stride_sam, stride_sak, stride_swn, stride_swk,
         A_GROUP=a_l == "group", W_BLOCK=w_l == "block", HAS_BIAS=bias is not None,
-        UPCAST=_needs_upcast(a_q.device), BM=bm, BN=bn, BK=GROUP,
+        UPCAST=_needs_upcast(describe(a_q.device)), BM=bm, BN=bn, BK=GROUP,
         num_warps=num_warps, num_stages=num_stages)
     return out
 
@@ -210,14 +208,6 @@ def fp8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
 # torch._scaled_mm where the arch has it
 # ---------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _arch(index: int) -> tuple[str, tuple[int, int]]:
-    props = torch.cuda.get_device_properties(index)
-    if torch.version.hip:
-        return props.gcnArchName.split(":")[0], (0, 0)
-    return "", (props.major, props.minor)
-
-
 def scaled_mm_supported(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor,
                         w_scale: torch.Tensor, out_dtype: torch.dtype) -> bool:
     """Whether torch._scaled_mm takes this problem on this device (no trial call)."""
@@ -225,18 +215,21 @@ def scaled_mm_supported(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Ten
         return False
     m, k = a_q.shape
     n = w_q.shape[0]
-    a_l, w_l = _a_layout(a_scale, m, k), _w_layout(w_scale, n, k)
+    return scaled_mm_takes(_a_layout(a_scale, m, k), _w_layout(w_scale, n, k), n, k, out_dtype,
+                           describe(a_q.device))
+
+
+def scaled_mm_takes(a_l: str, w_l: str, n: int, k: int, out_dtype: torch.dtype, dev: DeviceInfo) -> bool:
+    """Whether a GPU described by ``dev`` runs these scale layouts on torch._scaled_mm (else the
+    Triton kernel): per tensor on sm_89+ and gfx94x/95x, rowwise on sm_90+ and gfx950."""
     if a_l == "group" or w_l == "block" or k % 16 or n % 16:
         return False
     rowwise = a_l != "tensor" or w_l != "tensor"
     if rowwise and (a_l == "tensor" or w_l == "tensor" or out_dtype != torch.bfloat16):
         return False  # rowwise wants both sides rowwise
-    gcn, cap = _arch(a_q.device.index or 0)
-    if torch.version.hip:
-        if rowwise:
-            return gcn.startswith("gfx95")
-        return gcn.startswith(("gfx94", "gfx95"))
-    return cap >= (9, 0) if rowwise else cap >= (8, 9)
+    if dev.backend == "hip":
+        return dev.arch.startswith("gfx95") if rowwise else dev.arch.startswith(("gfx94", "gfx95"))
+    return dev.capability >= (9, 0) if rowwise else dev.capability >= (8, 9)
 
 
 def _scaled_mm(a_q, a_scale, w_q, w_scale, out_dtype, bias):
@@ -287,27 +280,45 @@ def _(a_q, a_scale, w_q, w_scale, out_dtype, bias):
 
 
 # ---------------------------------------------------------------------------------------
-# AOT: decode and prefill tiles, per-token x per-channel and per-group x block scales.
+# AOT: the fp8-stream profiles' linears in both radiance_fp8 modes (block-fp8 checkpoint: group x
+# block scales; bf16 checkpoint: token x channel) where the Triton kernel serves them, every class
+# of M (radiance.kernels.aot).
 # ---------------------------------------------------------------------------------------
 
-def _register_aot() -> None:
-    if triton is None:
+# Triton's binder compiles an int argument equal to 1 as a constant and marks one divisible by 16:
+# one M per (tile, class) covers every M (tests/radiance/kernels/test_aot.py checks M one by one).
+def _m_class(m: int) -> tuple:
+    return tile_config(m), m == 1, m % 16 == 0
+
+
+MODES = (("group", "block"), ("token", "channel"))
+
+
+def _aot_launches(dev: DeviceInfo, arch: str):
+    if not dev.has_fp8:
         return
-    sig = {"a_ptr": "*fp8e4nv", "w_ptr": "*fp8e4nv", "sa_ptr": "*fp32", "sw_ptr": "*fp32",
-           "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
-           "stride_sam": "i32", "stride_sak": "i32", "stride_swn": "i32", "stride_swk": "i32"}
-    variants = {16: ((False, False), (True, True), (True, False)),   # decode tile
-                4096: ((False, False), (True, True))}                  # prefill tile
-    for m, layouts in variants.items():
-        bm, bn, num_warps, num_stages = tile_config(m)
-        for a_group, w_block in layouts:
-            consts = {"A_GROUP": a_group, "W_BLOCK": w_block, "HAS_BIAS": False, "UPCAST": False,
-                      "BM": bm, "BN": bn, "BK": GROUP}
-            scales = "group-block" if w_block else "group-channel" if a_group else "token-channel"
-            aot.register(aot.AotSpec(
-                name=f"fp8_gemm[e4m3fn,{scales},BM{bm},BN{bn}]", feature="fp8_stream",
-                kernel=_fp8_gemm_kernel, signature={**sig, **{c: "constexpr" for c in consts}},
-                constexprs=consts, num_warps=num_warps, num_stages=num_stages))
+    reps: dict[tuple, int] = {}
+    for m in range(1, shipped.MAX_TOKENS + 1):
+        reps.setdefault(_m_class(m), m)
+    fp8 = dev.fp8_dtype
+    for name, (n, k) in shipped.FP8_GEMM.items():
+        for a_l, w_l in MODES:
+            for m in reps.values():
+                a_q, a_scale, w_q, w_scale = _aot_inputs(m, n, k, a_l, w_l, fp8)
+                # the op's choice; a [1, 1] per-token scale is a per-tensor one, for instance
+                if scaled_mm_takes(_a_layout(a_scale, m, k), _w_layout(w_scale, n, k), n, k,
+                                   torch.bfloat16, dev):
+                    continue
+                yield (f"{name} {a_l}x{w_l} M={m}",
+                       functools.partial(fp8_gemm_triton, a_q, a_scale, w_q, w_scale))
 
 
-_register_aot()
+def _aot_inputs(m: int, n: int, k: int, a_l: str, w_l: str, fp8: torch.dtype):
+    """(a_q, a_scale, w_q, w_scale) as radiance_fp8's linears pass them (fp32 scales)."""
+    a_scale = torch.empty((m, k // GROUP) if a_l == "group" else (m, 1), dtype=torch.float32)
+    w_scale = torch.empty((-(-n // GROUP), k // GROUP) if w_l == "block" else (n, 1), dtype=torch.float32)
+    return torch.empty((m, k), dtype=fp8), a_scale, torch.empty((n, k), dtype=fp8), w_scale
+
+
+if triton is not None:
+    aot.register("fp8_gemm", "fp8_stream", _aot_launches)

@@ -36,19 +36,18 @@ fix_query_key_value_ordering slices it out of in_proj_qkvz's output).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from . import aot
-from .add_rms_quant import (
+from . import aot, shipped
+from .add_rms_quant import (  # noqa: F401  (SUPPORTED_GROUPS: re-exported, as before)
     FP8_DTYPES,
-    FP8_POINTER,
     SUPPORTED_GROUPS,
-    aot_options,
     check_group,
     codes_as_bytes,
     div_rn,
     exact_sumsq,
-    fp8_tag,
     native_constexprs,
     quant_constexprs,
     quantize_reference,
@@ -57,7 +56,7 @@ from .add_rms_quant import (
     sqrt_rn,
     triton_next_pow2,
 )
-from .dispatch import eager_gpu_call, fp8_dtype_for_device, register_library_op
+from .dispatch import DeviceInfo, describe, eager_gpu_call, fp8_dtype_for_device, plan_cache, register_library_op
 from .silu_mul_quant import exp_reference
 
 try:  # Triton is optional: the reference runs everywhere.
@@ -175,17 +174,17 @@ class _Plan:
 
     __slots__ = ("consts", "num_warps", "q_as_bytes", "scale_cols")
 
-    def __init__(self, h: int, d: int, group_size: int, fp8_dtype: torch.dtype, device: torch.device):
+    def __init__(self, h: int, d: int, group_size: int, fp8_dtype: torch.dtype, dev: DeviceInfo):
         if fp8_dtype not in FP8_DTYPES:
             raise ValueError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
         hb, log2, self.num_warps = launch_params(h, d)
         self.scale_cols = h * d // group_size if group_size else 1
         self.consts = {"D": d, "HB": hb, "LOG2": log2, **quant_constexprs(group_size, fp8_dtype),
-                       **native_constexprs(device, fp8_dtype)}
-        self.q_as_bytes = codes_as_bytes(fp8_dtype)
+                       **native_constexprs(dev, fp8_dtype)}
+        self.q_as_bytes = codes_as_bytes(fp8_dtype, dev)
 
 
-_PLANS: dict[tuple, _Plan] = {}
+_PLANS: dict[tuple, _Plan] = plan_cache()
 
 
 def gdn_norm_quant_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -200,7 +199,7 @@ def gdn_norm_quant_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
     key = (h, d, group_size, fp8_dtype, x.dtype, z.dtype, weight.dtype, device)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS[key] = _Plan(h, d, group_size, fp8_dtype, device)
+        plan = _PLANS[key] = _Plan(h, d, group_size, fp8_dtype, describe(device))
     if not x.is_contiguous():
         x = x.contiguous()
     if z.stride(1) != 1:
@@ -257,35 +256,27 @@ def gdn_norm_quant(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
 
 
 # ---------------------------------------------------------------------------------------
-# AOT: bf16, D = 128, the value heads per TP rank of Qwen3-Next-80B (32 at TP=1, 16 at TP=2,
-# 8 at TP=4), both fp8 formats, per token and per group.
+# AOT: Qwen3.5-27B's value heads per rank at TP=2, both activation-scale modes, the device's fp8
+# format (radiance.kernels.aot). z is a row-strided view of in_proj_qkvz's output, as in the GDN.
 # ---------------------------------------------------------------------------------------
 
-AOT_HEADS = (8, 16, 32)
-AOT_HEAD_DIM = 128
-AOT_TARGETS = {("gfx1201", "gfx1200", "gfx942", "gfx950"): (False, False), ("sm90", "sm89"): (True, True)}
-
-
-def _register_aot() -> None:
-    if triton is None:
+def _aot_launches(dev: DeviceInfo, arch: str):
+    if not dev.has_fp8:
         return
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
-    for h in AOT_HEADS:
-        hb, log2, num_warps = launch_params(h, AOT_HEAD_DIM)
-        for fp8_dtype in FP8_DTYPES:
-            sig = {"x_ptr": "*bf16", "z_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": FP8_POINTER[fp8_dtype],
-                   "s_ptr": "*fp32", "H": "i32", "stride_z": "i32", "eps": "fp32"}
-            fmt = fp8_tag(fp8_dtype)
-            for group in SUPPORTED_GROUPS:
-                for archs, (native, hw_fp8) in AOT_TARGETS.items():
-                    consts = {"D": AOT_HEAD_DIM, "HB": hb, "LOG2": log2,
-                              **quant_constexprs(group, fp8_dtype), "NATIVE": native,
-                              "HW_FP8": hw_fp8 and fp8_dtype == torch.float8_e4m3fn}
-                    aot.register(aot.AotSpec(
-                        name=f"gdn_norm_quant[bf16,H{h},D{AOT_HEAD_DIM},{fmt},g{group},{archs[0]}]",
-                        feature="fp8_stream", kernel=_gdn_norm_quant_kernel,
-                        signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts,
-                        archs=archs, num_warps=num_warps, attrs=attrs, **aot_options()))
+    for group in shipped.FP8_GROUPS:
+        yield (f"H={shipped.GDN_HEADS} D={shipped.GDN_HEAD_DIM} group={group}",
+               functools.partial(_aot_call, shipped.GDN_HEADS, shipped.GDN_HEAD_DIM, group))
 
 
-_register_aot()
+def _aot_call(h: int, d: int, group: int) -> None:
+    k = h * d
+    x = torch.empty((1, k), dtype=torch.bfloat16)
+    # z as a view of the projection's output row, after q, k (8 key heads x 128 each per rank)
+    # and v; a contiguous z specialises the same (aligned, row stride a multiple of 16)
+    qkvz = torch.empty((1, 2 * k + 2 * 1024), dtype=torch.bfloat16)
+    z = qkvz[:, k + 2 * 1024:]
+    gdn_norm_quant_triton(x, z, torch.empty(d, dtype=torch.bfloat16), 1e-6, group)
+
+
+if triton is not None:
+    aot.register("gdn_norm_quant", "fp8_stream", _aot_launches)

@@ -16,10 +16,12 @@ and only a miss reads the whole context.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from . import aot
-from .dispatch import use_triton
+from . import aot, shipped
+from .dispatch import DeviceInfo, use_triton
 
 try:  # Triton is optional: a CPU-only install runs the reference
     import triton
@@ -70,20 +72,6 @@ if triton is not None:
         tl.store(cont_ptr + row * k + j, tok, mask=j < k)
         length = tl.where(found >= 0, tl.minimum(k, n - found - NGRAM), 0)
         tl.store(clen_ptr + row, length)
-
-    for _ngram in (2, 3, 4):
-        aot.register(aot.AotSpec(
-            name=f"ngram_match[n{_ngram},k8,BLOCK{BLOCK}]",
-            feature="dynamic_draft",
-            kernel=_ngram_match_kernel,
-            signature={
-                "ctx_ptr": "*i32", "stride_row": "i32", "n_ptr": "*i32",
-                "cont_ptr": "*i32", "clen_ptr": "*i32", "k": "i32",
-                "NGRAM": "constexpr", "BLOCK": "constexpr", "K_P2": "constexpr",
-            },
-            constexprs={"NGRAM": _ngram, "BLOCK": BLOCK, "K_P2": 8},
-            num_warps=NUM_WARPS,
-        ))
 
 
 # --- reference -----------------------------------------------------------------------------
@@ -167,3 +155,20 @@ def ngram_match(ctx: torch.Tensor, n_tokens: torch.Tensor, k: int, ngram: int = 
     """Continuation (up to ``k``) after the latest earlier occurrence of each row's trailing
     ``ngram``-gram; Triton on GPU, reference on CPU."""
     return torch.ops.radiance.ngram_match(ctx, n_tokens, k, ngram)
+
+
+# --- ahead-of-time launches (radiance.kernels.aot): the MTP profiles' draft depth, the context
+# mirror's row widths ---------------------------------------------------------------------------
+
+def _aot_launches(dev: DeviceInfo, arch: str):
+    for width in shipped.NGRAM_WIDTHS:
+        yield (f"k={shipped.NGRAM_K} n={shipped.NGRAM} width={width}",
+               functools.partial(_aot_call, width, shipped.NGRAM_K, shipped.NGRAM))
+
+
+def _aot_call(width: int, k: int, ngram: int) -> None:
+    ngram_match_triton(torch.empty((8, width), dtype=torch.int32), torch.empty(8, dtype=torch.int32), k, ngram)
+
+
+if triton is not None:
+    aot.register("ngram_match", "dynamic_draft", _aot_launches)

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from . import aot
+import functools
+
+from . import aot, shipped
 from .add_rms_quant import (
     FP8_DTYPES,
-    SUPPORTED_GROUPS,
-    aot_options,
     check_group,
     codes_as_bytes,
-    fp8_tag,
     launch_params,
     native_constexprs,
     quant_constexprs,
@@ -28,7 +27,7 @@ from .add_rms_quant import (
     resolve_fp8_dtype,
     scale_shape,
 )
-from .dispatch import eager_gpu_call, register_library_op
+from .dispatch import DeviceInfo, describe, eager_gpu_call, plan_cache, register_library_op
 
 try:
     import triton
@@ -86,25 +85,29 @@ def _check(x: torch.Tensor, group_size: int) -> None:
     check_group(group_size, x.shape[1])
 
 
-_PLANS: dict[tuple, tuple[dict, int, bool]] = {}
+_PLANS: dict[tuple, tuple[dict, int, bool]] = plan_cache()
 
 
 def _plan(k: int, group_size: int, fp8_dtype: torch.dtype, device: torch.device):
     key = (k, group_size, fp8_dtype, device)
     plan = _PLANS.get(key)
     if plan is None:
-        if fp8_dtype not in FP8_DTYPES:
-            raise ValueError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
-        consts = {**quant_constexprs(group_size, fp8_dtype),
-                  "HW_FP8": native_constexprs(device, fp8_dtype)["HW_FP8"]}
-        if group_size:
-            consts["BLOCK"], num_warps = GROUP_BLOCK, 4
-        else:
-            block_a, block_b, _, num_warps = launch_params(k)
-            consts.update(BLOCK_A=block_a, BLOCK_B=block_b)
-        as_bytes = codes_as_bytes(fp8_dtype)
-        plan = _PLANS[key] = (consts, num_warps, as_bytes)
+        plan = _PLANS[key] = launch_plan(k, group_size, fp8_dtype, describe(device))
     return plan
+
+
+def launch_plan(k: int, group_size: int, fp8_dtype: torch.dtype, dev: DeviceInfo
+                ) -> tuple[dict, int, bool]:
+    """(constexprs, num_warps, codes as uint8) of the launch for rows of k on ``dev``."""
+    if fp8_dtype not in FP8_DTYPES:
+        raise ValueError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+    consts = {**quant_constexprs(group_size, fp8_dtype), "HW_FP8": native_constexprs(dev, fp8_dtype)["HW_FP8"]}
+    if group_size:
+        consts["BLOCK"], num_warps = GROUP_BLOCK, 4
+    else:
+        block_a, block_b, _, num_warps = launch_params(k)
+        consts.update(BLOCK_A=block_a, BLOCK_B=block_b)
+    return consts, num_warps, codes_as_bytes(fp8_dtype, dev)
 
 
 def quant_fp8_triton(x: torch.Tensor, group_size: int = 0, fp8_dtype: torch.dtype | None = None
@@ -159,31 +162,19 @@ def quant_fp8(x: torch.Tensor, group_size: int = 0, fp8_dtype: torch.dtype | Non
     return _OP(x, int(group_size), fp8_dtype)
 
 
-# AOT: the hidden sizes (q/k/v and gate_up inputs) and per-rank o_proj / down_proj inputs of the
-# Qwen3-Next family at TP 1-4, and the tiny test models' widths.
-AOT_WIDTHS = (256, 512, 1024, 2048, 4096, 5120)
+# AOT: the plain-tensor inputs of the fp8-stream profiles' W8A8 linears (radiance.kernels.aot).
 
-
-def _register_aot() -> None:
-    if triton is None:
+def _aot_launches(dev: DeviceInfo, arch: str):
+    if not dev.has_fp8:
         return
-    for k in AOT_WIDTHS:
-        block_a, block_b, _, token_warps = launch_params(k)
-        for fp8_dtype in FP8_DTYPES:
-            for group in SUPPORTED_GROUPS:
-                consts = {**quant_constexprs(group, fp8_dtype), "HW_FP8": False}
-                if group:
-                    consts["BLOCK"], num_warps, kernel = GROUP_BLOCK, 4, _quant_fp8_group_kernel
-                else:
-                    consts.update(BLOCK_A=block_a, BLOCK_B=block_b)
-                    num_warps, kernel = token_warps, _quant_fp8_kernel
-                fmt = fp8_tag(fp8_dtype)
-                aot.register(aot.AotSpec(
-                    name=f"quant_fp8[bf16,K{k},{fmt},g{group}]", feature="fp8_stream",
-                    kernel=kernel,
-                    signature={"x_ptr": "*bf16", "q_ptr": "*u8", "s_ptr": "*fp32", "K": "i32",
-                               "stride": "i32", **{c: "constexpr" for c in consts}},
-                    constexprs=consts, num_warps=num_warps, **aot_options()))
+    for k in shipped.QUANT_FP8_K:
+        for group in shipped.FP8_GROUPS:
+            yield f"K={k} group={group}", functools.partial(_aot_call, k, group)
 
 
-_register_aot()
+def _aot_call(k: int, group: int) -> None:
+    quant_fp8_triton(torch.empty((1, k), dtype=torch.bfloat16), group)
+
+
+if triton is not None:
+    aot.register("quant_fp8", "fp8_stream", _aot_launches)

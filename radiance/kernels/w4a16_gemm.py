@@ -46,14 +46,13 @@ import dataclasses
 import functools
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from radiance.kernels import aot
-from radiance.kernels.dispatch import device_key, use_triton
+from radiance.kernels import aot, shipped
+from radiance.kernels.dispatch import DeviceInfo, describe, device_key, use_triton  # noqa: F401
 from radiance.w4 import layout
 
 logger = logging.getLogger("radiance")
@@ -355,11 +354,6 @@ def m_bucket(m: int) -> int:
     return TUNED_M[-1]
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def default_config(m: int, n: int, k: int, num_sms: int = 132) -> Config:
     """An untuned config that fills the GPU: 64-row weight tiles, split K until there are
     at least as many programs as SMs, keeping >= 4 K blocks per split."""
@@ -396,22 +390,26 @@ def load_table(key: str) -> dict[tuple[int, int, int], dict[int, Config]]:
 
 
 def lookup_config(m: int, n: int, k: int, group_size: int, device: torch.device) -> Config:
-    """The tuned config for this shape and batch, else ``default_config``. Cached: this sits on
-    the launch path of every call."""
+    """The tuned config for this shape and batch on ``device``, else ``default_config``."""
+    return config_for(m, n, k, group_size, describe(device))
+
+
+def config_for(m: int, n: int, k: int, group_size: int, dev: DeviceInfo) -> Config:
+    """The tuned config for this shape and batch on a device described by ``dev``, else
+    ``default_config``. Cached: this sits on the launch path of every call."""
     mkey = m_bucket(m) if m <= MAX_KERNEL_M else -(-m // MAX_KERNEL_M) * MAX_KERNEL_M
-    return _lookup(mkey, n, k, group_size, device.type, device.index)
+    return _lookup(mkey, n, k, group_size, dev)
 
 
 @functools.lru_cache(maxsize=4096)
-def _lookup(mkey: int, n: int, k: int, group_size: int, dev_type: str, dev_index: int | None) -> Config:
-    device = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
-    by_m = load_table(device_key(device)).get((n, k, group_size))
+def _lookup(mkey: int, n: int, k: int, group_size: int, dev: DeviceInfo) -> Config:
+    by_m = load_table(dev.table_key).get((n, k, group_size))
     if by_m:
         cfg = by_m.get(m_bucket(min(mkey, MAX_KERNEL_M)))
         if cfg is not None:
             return dataclasses.replace(cfg, block_m=MAX_KERNEL_M) if mkey > MAX_KERNEL_M else cfg
-    sms = _num_sms(dev_index or 0) if dev_type == "cuda" else 132
-    return default_config(mkey, n, k, sms)
+    # no SM count (the interpreter on CPU): plan as for an H200-sized GPU
+    return default_config(mkey, n, k, dev.num_sms or 132)
 
 
 def clear_caches() -> None:
@@ -449,12 +447,21 @@ def _dummy_ws(device: torch.device) -> torch.Tensor:
     return _DUMMY[key]
 
 
-def _use_asm(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.version.hip is None and not _interpreting()
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+def launch_plan(m: int, n: int, k: int, group_size: int, fp16: bool, dev: DeviceInfo,
+                config: Config | None = None) -> tuple[Config, tuple[int, int, int], dict]:
+    """(config, grid, keyword arguments) of the kernel launch for ``x [m, k] @ W[n, k]^T`` on a
+    device described by ``dev``: everything the launch specialises on but the tensors and ints."""
+    cfg = config or config_for(m, n, k, group_size, dev)
+    kblocks = layout.padded_k(k) // layout.KBLOCK
+    split = max(1, min(cfg.split_k, kblocks))
+    grid = (-(-n // cfg.block_n), split, -(-m // cfg.block_m))
+    kwargs = dict(
+        GROUP=group_size, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, SPLIT_K=split, KPI=cfg.k_per_iter,
+        FP16=fp16, USE_ASM=dev.backend == "cuda" and not dev.interpret, INTERPRET=dev.interpret,
+        EVEN_K=k % layout.KBLOCK == 0, XSUM=cfg.xsum, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.max_regs:
+        kwargs["maxnreg"] = cfg.max_regs
+    return cfg, grid, kwargs
 
 
 def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int,
@@ -474,10 +481,9 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    cfg = config or lookup_config(m, n, k, group_size, x.device)
+    cfg, grid, kwargs = launch_plan(m, n, k, group_size, x.dtype == torch.float16, describe(x.device), config)
+    split = grid[1]
     kblocks = kp // layout.KBLOCK
-    split = max(1, min(cfg.split_k, kblocks))
-    grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, cfg.block_m))
     if split > 1:
         ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
         cnt = _counters(x.device, grid[0] * grid[2])
@@ -490,15 +496,9 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         torch.sum(x.reshape(m, k // unit, unit), dim=-1, dtype=torch.float32, out=xs[:, : k // unit])
     else:
         xs = _dummy_ws(x.device)
-    extra = {"maxnreg": cfg.max_regs} if cfg.max_regs else {}
     _w4a16_gemm_kernel[grid](
         x, qweight, scales, out, ws, cnt, xs,
-        m, n, k, x.stride(0), out.stride(0), qweight.stride(0), kblocks,
-        GROUP=group_size, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, SPLIT_K=split, KPI=cfg.k_per_iter,
-        FP16=x.dtype == torch.float16, USE_ASM=_use_asm(x.device), INTERPRET=_interpreting(),
-        EVEN_K=k % layout.KBLOCK == 0, XSUM=cfg.xsum,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra,
-    )
+        m, n, k, x.stride(0), out.stride(0), qweight.stride(0), kblocks, **kwargs)
     return out
 
 
@@ -561,30 +561,24 @@ def _w4a16_gemm_fake(x, qweight, scales, group_size):
 
 
 # --------------------------------------------------------------------------------------
-# ahead-of-time specs
+# ahead-of-time launches: the shipped shapes, every M the kernel serves (radiance.kernels.aot)
 # --------------------------------------------------------------------------------------
-_SIGNATURE = {
-    "x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*bf16", "out_ptr": "*bf16",
-    "ws_ptr": "*fp32", "cnt_ptr": "*i32", "xs_ptr": "*fp32",
-    "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_om": "i32",
-    "stride_qt": "i32", "num_kblocks": "i32",
-    "GROUP": "constexpr", "BLOCK_N": "constexpr", "BLOCK_M": "constexpr", "SPLIT_K": "constexpr",
-    "KPI": "constexpr",
-    "FP16": "constexpr", "USE_ASM": "constexpr", "INTERPRET": "constexpr", "EVEN_K": "constexpr",
-    "XSUM": "constexpr",
-}
+def _aot_launches(dev: DeviceInfo, arch: str):
+    group = shipped.W4A16_GROUP
+    for name, (n, k) in shipped.W4A16.items():
+        first_m: dict[Config, int] = {}
+        for m in range(1, LARGE_M + 1):  # above LARGE_M the op dequantises: no kernel
+            first_m.setdefault(config_for(m, n, k, group, dev), m)
+        qshape, sshape = layout.packed_shapes(n, k, group)
+        qw = torch.empty(qshape, dtype=torch.int32)
+        sc = torch.empty(sshape, dtype=torch.bfloat16)
+        for m in first_m.values():
+            yield f"{name} M={m}", functools.partial(_aot_call, m, k, qw, sc, group)
+
+
+def _aot_call(m, k, qw, sc, group):
+    w4a16_gemm_triton(torch.empty((m, k), dtype=torch.bfloat16), qw, sc, group)
+
 
 if HAS_TRITON:
-    # The variants the decode band ships: portable unpack for every arch (ROCm compiles
-    # these), and the PTX unpack for CUDA archs.
-    for _dt in ("bf16", "fp16"):
-        for _bn, _bm, _sk in ((64, 16, 1), (64, 16, 4), (128, 64, 1)):
-            for _asm, _archs in ((False, ()), (True, ("sm90", "sm89", "sm80"))):
-                _sig = dict(_SIGNATURE, x_ptr=f"*{_dt}", s_ptr=f"*{_dt}", out_ptr=f"*{_dt}")
-                aot.register(aot.AotSpec(
-                    name=f"w4a16_gemm[{_dt},BN{_bn},BM{_bm},SK{_sk}{',ptx' if _asm else ''}]",
-                    feature="w4", kernel=_w4a16_gemm_kernel, signature=_sig,
-                    constexprs={"GROUP": 128, "BLOCK_N": _bn, "BLOCK_M": _bm, "SPLIT_K": _sk, "KPI": 1,
-                                "FP16": _dt == "fp16", "USE_ASM": _asm, "INTERPRET": False, "EVEN_K": True,
-                                "XSUM": False},
-                    archs=_archs, num_warps=4, num_stages=3))
+    aot.register("w4a16_gemm", "w4", _aot_launches)

@@ -25,17 +25,29 @@ def aot_arch(request) -> str:
 
 @pytest.fixture
 def aot_specs():
-    """``aot_specs(kernel)``: the AotSpecs registered for one kernel (names ``kernel[...]``)."""
-    def specs(kernel: str) -> list[aot.AotSpec]:
-        return [s for s in aot.load_all()[0].values() if s.name.startswith(f"{kernel}[")]
+    """``aot_specs(kernel, arch)``: the AOT launches of one kernel (names ``kernel[...]``) on
+    ``arch``'s device."""
+    pytest.importorskip("triton")
+
+    def specs(kernel: str, arch: str) -> list[aot.AotSpec]:
+        return [s for s in _specs_for(arch) if s.name.startswith(f"{kernel}[")]
 
     return specs
 
 
+_SPECS: dict[str, list] = {}
+
+
+def _specs_for(arch: str) -> list:
+    if arch not in _SPECS:
+        _SPECS[arch] = aot.specs_for(arch)
+    return _SPECS[arch]
+
+
 @pytest.fixture
 def aot_compile():
-    """``aot_compile(spec, arch)``: compiles a registered AotSpec for ``arch``, asserts that a
-    binary came out, and returns the compiled kernel for further checks."""
+    """``aot_compile(spec, arch)``: compiles an AotSpec for ``arch``, asserts that a binary came
+    out, and returns the compiled kernel for further checks."""
     pytest.importorskip("triton")
 
     def compile_spec(spec: aot.AotSpec, arch: str):

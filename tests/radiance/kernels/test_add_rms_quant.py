@@ -270,8 +270,17 @@ def test_reference_on_gpu_equals_reference_on_cpu():
 # --- AOT ---------------------------------------------------------------------------------
 
 def test_aot_compiles(aot_arch, aot_specs, aot_compile):
-    specs = [s for s in aot_specs("add_rms_quant") if not s.archs or aot_arch in s.archs]
-    assert len(specs) == len(arq.AOT_HIDDEN) * len(FORMATS) * len(GROUPS)
+    specs = aot_specs("add_rms_quant", aot_arch)
+    assert len(specs) == len(GROUPS)  # the profiles' one hidden size, the device's fp8 format
     for spec in specs:
         assert not spec.constexprs["NATIVE"] and not spec.constexprs["HW_FP8"]  # HIP: integer paths
+        assert spec.constexprs["FNUZ"] == (aot_arch == "gfx942")
         aot_compile(spec, aot_arch)
+
+
+def test_aot_nvidia_specs(aot_specs, aot_compile):
+    specs = aot_specs("add_rms_quant", "sm90")
+    assert len(specs) == len(GROUPS)
+    for spec in specs:
+        assert spec.constexprs["NATIVE"] and spec.constexprs["HW_FP8"] and not spec.constexprs["FNUZ"]
+    aot_compile(specs[0], "sm90")

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from radiance.kernels import draft_confidence as dc
+from radiance.kernels import shipped
+from radiance.kernels.dispatch import DeviceInfo
 from radiance.kernels.draft_confidence import (
     Config,
     draft_confidence,
@@ -22,6 +24,8 @@ DTYPES = [(torch.float32, 0.0, 3e-5), (torch.bfloat16, 0.0, 3e-5), (torch.float1
 # (rows, columns, n_valid): -1 = all columns valid
 SHAPES = [(1, 17, -1), (3, 1000, 990), (8, 4096, -1), (8, 248320, -1), (64, 248320, -1),
           (5, 248320 // 2, 248320 // 2 - 37), (200, 32000, -1), (2, 70000, 0)]
+# the vocabulary shards per rank at TP=2 (Qwen3.5-27B, Qwen3-Next-80B) at the decode batches
+SHAPES += [(b, v, v) for v in shipped.DRAFT_VOCAB_SHARDS for b in shipped.DRAFT_DECODE_B + (64,)]
 
 
 def make_logits(rows, cols, dtype, device, seed):
@@ -73,23 +77,26 @@ def test_split_plan_covers_every_column(rows, cols, sms, block, unroll, pps):
 
 
 def test_config_table(tmp_path, monkeypatch):
-    """A batch uses the entry of the smallest tuned batch >= it; past the end, the largest; a
+    """A batch uses the entry of the smallest tuned batch >= it (past the end, the largest) from
+    the entries tuned at the columns nearest its own (entries without "cols": V = 248320); a
     broken table falls back to the default."""
     monkeypatch.setattr(dc, "CONFIG_DIR", tmp_path)
-    monkeypatch.setattr(dc, "device_key", lambda device: "fake_gpu")
     dc.load_table.cache_clear()
     (tmp_path / "fake_gpu.json").write_text(json.dumps({"configs": [
         {"rows": 64, "config": {"block": 1024, "unroll": 4, "num_warps": 4, "programs_per_sm": 8}},
         {"rows": 8, "config": {"block": 2048, "unroll": 1, "num_warps": 8, "programs_per_sm": 16}},
+        {"rows": 8, "cols": 75968, "config": {"block": 256, "unroll": 2, "num_warps": 1, "programs_per_sm": 8}},
     ]}))
+    gpu = DeviceInfo("cuda", "sm90", 132, "fake_gpu")
     try:
-        cuda = torch.device("cuda", 0)
-        assert dc.config_for(1, cuda) == dc.config_for(8, cuda) == Config(2048, 1, 8, 16)
-        assert dc.config_for(9, cuda) == dc.config_for(500, cuda) == Config(1024, 4, 4, 8)
+        assert dc.plan_config(1, 248320, gpu) == dc.plan_config(8, 248320, gpu) == Config(2048, 1, 8, 16)
+        assert dc.plan_config(9, 248320, gpu) == dc.plan_config(500, 248320, gpu) == Config(1024, 4, 4, 8)
+        assert dc.plan_config(8, 170000, gpu) == Config(2048, 1, 8, 16)  # nearer 248320 than 75968
+        assert dc.plan_config(8, 75968, gpu) == dc.plan_config(64, 70000, gpu) == Config(256, 2, 1, 8)
         assert dc.config_for(8, torch.device("cpu")) == dc.DEFAULT_CONFIG
         (tmp_path / "fake_gpu.json").write_text("{not json")
         dc.load_table.cache_clear()
-        assert dc.config_for(8, cuda) == dc.DEFAULT_CONFIG
+        assert dc.plan_config(8, 248320, gpu) == dc.DEFAULT_CONFIG
     finally:
         dc.load_table.cache_clear()
 
@@ -98,9 +105,17 @@ def test_shipped_tables_parse():
     for path in sorted(dc.CONFIG_DIR.glob("*.json")):
         table = dc.load_table(path.stem)
         assert table, path
-        for rows, cfg in table:
-            assert rows >= 1 and cfg.unroll in (1, 2, 4, 8) and cfg.block & (cfg.block - 1) == 0
-            assert cfg.stages >= 1 and cfg.programs_per_sm >= 1
+        for cols, entries in table.items():
+            assert cols >= 1 and entries
+            for rows, cfg in entries:
+                assert rows >= 1 and cfg.unroll in (1, 2, 4, 8) and cfg.block & (cfg.block - 1) == 0
+                assert cfg.stages >= 1 and cfg.programs_per_sm >= 1
+
+
+def test_h200_table_covers_the_shipped_vocabularies():
+    table = dc.load_table("nvidia_h200")
+    for cols in shipped.DRAFT_VOCAB_SHARDS:
+        assert cols in table and {1, 8} <= {rows for rows, _ in table[cols]}
 
 
 _INTERPRETER_CHECK = textwrap.dedent("""
@@ -142,7 +157,7 @@ def test_triton_kernel_in_the_interpreter(run_interpreted):
 
 
 def test_aot_compiles(aot_arch, aot_specs, aot_compile):
-    mine = aot_specs("draft_confidence")
+    mine = aot_specs("draft_confidence", aot_arch)
     assert mine
     for spec in mine:
         aot_compile(spec, aot_arch)

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from radiance.kernels import add_rms_quant as arq
-from radiance.kernels import aot
 from radiance.kernels import gdn_norm_quant as gnq
 
 # (tokens, heads, head dim): Qwen3-Next-80B's value heads per rank at TP=2 / TP=1, the tiny
@@ -243,18 +242,17 @@ def test_reference_on_gpu_equals_reference_on_cpu():
 
 # --- AOT ---------------------------------------------------------------------------------
 
-def test_aot_compiles(aot_arch, aot_compile):
-    # aot.KERNEL_MODULES does not list this module yet; importing it registered the specs.
-    specs = [s for name, s in aot._REGISTRY.items()
-             if name.startswith("gdn_norm_quant[") and aot_arch in s.archs]
-    assert len(specs) == len(gnq.AOT_HEADS) * len(FORMATS) * len(GROUPS)
+def test_aot_compiles(aot_arch, aot_specs, aot_compile):
+    specs = aot_specs("gdn_norm_quant", aot_arch)
+    assert len(specs) == len(GROUPS)  # Qwen3.5-27B's value heads per rank, the device's fp8 format
     for spec in specs:
         assert not spec.constexprs["NATIVE"] and not spec.constexprs["HW_FP8"]
+        assert spec.constexprs["FNUZ"] == (aot_arch == "gfx942")
         aot_compile(spec, aot_arch)
 
 
-def test_aot_nvidia_specs(aot_compile):
-    specs = [s for name, s in aot._REGISTRY.items() if name.startswith("gdn_norm_quant[") and "sm90" in s.archs]
-    assert len(specs) == len(gnq.AOT_HEADS) * len(FORMATS) * len(GROUPS)
-    assert all(s.constexprs["NATIVE"] for s in specs)
+def test_aot_nvidia_specs(aot_specs, aot_compile):
+    specs = aot_specs("gdn_norm_quant", "sm90")
+    assert len(specs) == len(GROUPS)
+    assert all(s.constexprs["NATIVE"] and not s.constexprs["FNUZ"] for s in specs)
     aot_compile(specs[0], "sm90")

@@ -81,7 +81,7 @@ def test_triton_kernel_in_the_interpreter(run_interpreted):
 
 
 def test_aot_compiles(aot_arch, aot_specs, aot_compile):
-    mine = aot_specs("ngram_match")
+    mine = aot_specs("ngram_match", aot_arch)
     assert mine
     for spec in mine:
         aot_compile(spec, aot_arch)

@@ -11,6 +11,7 @@ import torch
 
 from radiance.kernels import add_rms_quant as arq
 from radiance.kernels import quant_fp8 as qf
+from radiance.kernels import shipped
 
 M_SIZES = (1, 8, 64, 512, 4096)
 K_SIZES = (2048, 5120)
@@ -131,7 +132,9 @@ def test_triton_other_dtypes_and_strides_on_gpu(dtype):
 
 
 def test_aot_compiles(aot_arch, aot_specs, aot_compile):
-    specs = aot_specs("quant_fp8")
-    assert len(specs) == len(qf.AOT_WIDTHS) * len(FORMATS) * len(GROUPS)
+    specs = aot_specs("quant_fp8", aot_arch)
+    # per token one variant per width; per group one for all (K is a plain argument there)
+    assert len(specs) == len(shipped.QUANT_FP8_K) + 1
     for spec in specs:
+        assert spec.constexprs["FNUZ"] == (aot_arch == "gfx942")
         aot_compile(spec, aot_arch)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from radiance.kernels import add_rms_quant as arq
+from radiance.kernels import aot
 from radiance.kernels import silu_mul_quant as smq
 
 M_SIZES = (1, 8, 64, 512, 4096)
@@ -154,8 +155,12 @@ def test_triton_bit_exact_on_gpu(m, n, fmt, group):
     assert torch.equal(as_bytes(op[0]), as_bytes(got[0]))
 
 
-def test_aot_compiles(aot_arch, aot_specs, aot_compile):
-    specs = aot_specs("silu_mul_quant")
-    assert len(specs) == len(smq.AOT_INTERMEDIATE) * len(FORMATS) * len(GROUPS)
-    for spec in specs:
-        aot_compile(spec, aot_arch)
+@pytest.mark.parametrize("group", GROUPS)
+def test_builds_ahead_of_time(aot_arch, aot_compile, group):
+    """No profile launches this epilogue, so the AOT list leaves it out; its launch at Qwen3.5-27B's
+    intermediate size per rank still compiles for the HIP targets."""
+    assert not [s for s in aot.load_sources()[0] if s.startswith("silu_mul_quant")]
+    gate_up = torch.empty((1, 2 * 8704), dtype=torch.bfloat16)
+    (launch,) = aot.capture(lambda: smq.silu_mul_quant_triton(gate_up, group), aot.DEVICES[aot_arch])
+    aot_compile(aot.AotSpec("silu_mul_quant", "fp8_stream", aot_arch, launch.kernel, launch.grid,
+                            launch.args, launch.kwargs), aot_arch)
