@@ -72,12 +72,23 @@ def capabilities_local(timeout: float = 120.0, arch: str | None = None) -> dict:
     cmd = [sys.executable, "-m", "radiance.capabilities", "--json"]
     if arch:
         cmd += ["--arch", arch]
-    env = dict(os.environ, RADIANCE_REPORT_DIR="")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"capability report failed: {tail[0]}")
     return json.loads(proc.stdout)
+
+
+def vllm_args_problems(vllm_args: dict, timeout: float = 180.0) -> list[str]:
+    """What vLLM's own parser says of the profile's vllm_args (launcher.vllm_argcheck, in a fresh
+    Python without plugins: its import costs seconds and must not patch anything)."""
+    env = dict(os.environ, VLLM_PLUGINS="")
+    proc = subprocess.run([sys.executable, "-m", "launcher.vllm_argcheck", json.dumps(vllm_args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"vLLM's argument parser failed: {tail[0]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def model_facts(profile: Profile) -> feature_table.ModelFacts:
@@ -135,8 +146,7 @@ def aot_results(arch: str, timeout: float = 600.0) -> tuple[list[dict] | None, s
     cache = paths.cache_home() / "aot-check"
     cmd = [sys.executable, "-m", "radiance.kernels.aot", "--arch", arch, "--json", "--cache-dir", str(cache)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ, RADIANCE_REPORT_DIR=""))
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         return json.loads(proc.stdout)["results"], ""
     except (subprocess.TimeoutExpired, ValueError, KeyError) as exc:
         return None, f"not checked: the AOT compile failed ({type(exc).__name__})"
@@ -232,6 +242,16 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
                     rep.add("engine", "ok", f"vLLM {caps['vllm_version']}, radiance {caps['radiance_version']}")
                 for problem in caps.get("knob_problems", []):
                     rep.add("knobs", "fail", problem)
+            if profile.vllm_args:
+                try:
+                    found = vllm_args_problems(profile.vllm_args)
+                except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+                    rep.add("vllm_args", "warn", f"not checked: {exc}")
+                else:
+                    for problem in found:
+                        rep.add("vllm_args", "fail", problem)
+                    if not found:
+                        rep.add("vllm_args", "ok", f"{len(profile.vllm_args)} flag(s) accepted by vLLM's parser")
     else:
         rep.add("engine", "ok", f"runtime {runtime}: vLLM runs inside the image (`radiance build`)")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from radiance.features import FEATURES
 
+from .engine_link import KEY_ENV
 from .profile import BUILTIN_PREFIX, Profile
 
 # Secrets the engine may need (gated hub models); passed through, never logged or reported.
@@ -80,9 +81,22 @@ def speculative_config(profile: Profile, drafter_arg: str | None = None) -> dict
     return cfg
 
 
-def radiance_env(profile: Profile, report_dir: Path) -> dict[str, str]:
+def render_vllm_args(vllm_args: dict) -> list[str]:
+    """A profile's ``vllm_args`` as flags: true -> --flag, false -> --no-flag, null -> left out."""
+    args: list[str] = []
+    for key, value in vllm_args.items():
+        if value is True:
+            args.append(f"--{key}")
+        elif value is False:
+            args.append(f"--no-{key}")
+        elif value is not None:
+            args += [f"--{key}", str(value)]
+    return args
+
+
+def radiance_env(profile: Profile) -> dict[str, str]:
     f = profile.features
-    env = {"RADIANCE_ENABLE": "1", "RADIANCE_REPORT_DIR": str(report_dir)}
+    env = {"RADIANCE_ENABLE": "1"}
     env.update({feat.knob: "1" if getattr(f, feat.name).enabled else "0" for feat in FEATURES})
     env["RADIANCE_GDN_NORM_QUANT"] = "1" if f.fp8_stream.gdn_norm_quant else "0"
     if f.dynamic_draft.enabled:
@@ -91,13 +105,15 @@ def radiance_env(profile: Profile, report_dir: Path) -> dict[str, str]:
     return env
 
 
-def build(profile: Profile, *, platform: str, host: str, port: int, model_arg: str,
-          model_dir: Path | None, report_dir: Path, environ: dict[str, str] | None = None,
-          drafter_arg: str | None = None) -> EngineConfig:
+def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | None,
+          host: str = "127.0.0.1", port: int = 8000, uds: str | None = None, engine_key: str | None = None,
+          environ: dict[str, str] | None = None, drafter_arg: str | None = None) -> EngineConfig:
+    """``uds``: serve on this Unix socket instead of host:port; ``engine_key``: the deployment's engine
+    key (launcher.engine_link), passed as VLLM_API_KEY among the secrets, never as an argument."""
     environ = os.environ if environ is None else environ
     m, p = profile.model, profile.parallel
-    args = ["--model", model_arg, "--served-model-name", profile.served_name(),
-            "--host", host, "--port", str(port),
+    listen = ["--uds", uds] if uds else ["--host", host, "--port", str(port)]
+    args = ["--model", model_arg, "--served-model-name", profile.served_name(), *listen,
             "--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", str(p.pp)]
     dtype = m.dtype
     if platform == "cpu" and dtype == "auto":
@@ -116,22 +132,25 @@ def build(profile: Profile, *, platform: str, host: str, port: int, model_arg: s
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
         if platform == "cpu":
             args.append("--no-enable-prefix-caching")  # MTP on CPU requires it off (vLLM 0.32)
-    for key, value in profile.vllm_args.items():
-        if value is True:
-            args.append(f"--{key}")
-        elif value is False:
-            args.append(f"--no-{key}")
-        elif value is not None:
-            args += [f"--{key}", str(value)]
+    args += render_vllm_args(profile.vllm_args)
 
     env = dict(profile.env)
-    env.update(radiance_env(profile, report_dir))
+    env.update(radiance_env(profile))
     if profile.features.dynamic_draft.enabled and platform in ("rocm", "cuda"):
         # vLLM 0.32 runs Model Runner V2 by default on GPUs; its proposer is not the one radiance hooks.
         env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    # The engine's internal sockets bind to whatever address they find unless told: vLLM's (engine-core
+    # ZMQ, torch.distributed store) to get_ip()'s, gloo's (the CPU groups, on every platform) and
+    # NCCL/RCCL's bootstrap to the host name's or the first non-loopback interface -- a LAN or container
+    # bridge address, reachable from outside. Every profile is one host: loopback only.
+    env.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if platform == "cpu":
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
         if p.tp * p.pp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(p.tp * p.pp))
     secrets = {k: environ[k] for k in PASSTHROUGH_SECRETS if environ.get(k)}
+    if engine_key:
+        secrets[KEY_ENV] = engine_key
     return EngineConfig(server_args=args, env=env, model_dir=model_dir, secret_env=secrets)

@@ -2,25 +2,38 @@
 
 ``/v1/health/live`` answers at once; ``/v1/health/ready`` is 503 (with the reason) until the
 gate has passed; ``/v1/*`` and ``/metrics`` are proxied to the engine only once ready,
-streaming both ways. The API key, when configured, is enforced here, and on shutdown
-in-flight requests are drained before the engine is stopped.
+streaming both ways. The API key, when configured, is enforced here; upstream, the gateway reaches
+the engine over its private link (launcher.engine_link: a Unix socket and the deployment's engine
+key), which nothing else on the host can use. On shutdown in-flight requests are drained before
+the engine is stopped. Every request gets one access-log line (method, path, status, duration,
+request id) and never its query string or headers, where keys travel. ``/radiance/status`` is the
+deployment's state with what the engine itself says of its patches and counters (its /metrics,
+launcher.engine_report), so a local, a docker and a compose deployment show the same thing.
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
 import logging
+import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
-from . import telemetry
+from . import engine_report
+from .engine_link import EngineLink
 
 log = logging.getLogger("radiance.gateway")
+access_log = logging.getLogger("radiance.gateway.access")
+REQUEST_ID = "X-Request-Id"
+_RID_OK = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+RID_KEY = web.RequestKey("request_id", str)
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "content-length", "authorization"}
@@ -42,11 +55,30 @@ def _json_error(status: int, message: str, kind: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
 
+class _AccessLogger(AbstractAccessLogger):
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info("%s %s %d %.1fms id=%s", request.method, request.path, response.status,
+                         time * 1000.0, request.get(RID_KEY, "-"))
+
+
+@web.middleware
+async def _request_id(request: web.Request, handler):
+    # A caller's id is kept when it is a plain token (it goes into logs); anything else gets a new one.
+    rid = request.headers.get(REQUEST_ID, "")
+    if not _RID_OK.fullmatch(rid):
+        rid = uuid.uuid4().hex
+    request[RID_KEY] = rid
+    response = await handler(request)
+    if not response.prepared:
+        response.headers[REQUEST_ID] = rid
+    return response
+
+
 class Gateway:
-    def __init__(self, upstream: str, state: GatewayState, *, api_key: str | None = None,
-                 drain_timeout: float = 30.0, on_change: Callable[[], None] | None = None,
-                 telemetry_dir: Path | None = None):
-        self.upstream = upstream.rstrip("/")
+    def __init__(self, upstream: EngineLink | str, state: GatewayState, *, api_key: str | None = None,
+                 drain_timeout: float = 30.0, on_change: Callable[[], None] | None = None):
+        self.link = upstream if isinstance(upstream, EngineLink) else EngineLink(upstream)
+        self.upstream = self.link.base_url
         self.state = state
         self._api_key = api_key
         self.drain_timeout = drain_timeout
@@ -56,11 +88,10 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self.on_change = on_change
-        self.telemetry_dir = telemetry_dir
 
     # -- app ------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_request_id])
         app.router.add_get("/v1/health/live", self.live)
         app.router.add_get("/v1/health/ready", self.ready)
         app.router.add_get("/radiance/status", self.status)
@@ -94,26 +125,42 @@ class Gateway:
     async def status(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return _json_error(401, "missing or wrong API key", "authentication_error")
+        engine = await self.engine_report()
         body = {"phase": self.state.phase, "ready": self.state.ready, "reason": self.state.reason,
                 "since": self.state.since, "in_flight": self.in_flight, **self.state.info,
-                "telemetry": telemetry.read_counters(self.telemetry_dir)}
+                # one row per feature patch (the report channel's and the drafter-load bracket's rows, which
+                # belong to no feature, stay in patches_by_rank)
+                "patches": [p for p in engine.patches if p["feature"]], "patches_by_rank": engine.ranks,
+                "telemetry": engine.counters}
         return web.json_response(body)
 
+    async def engine_report(self) -> engine_report.EngineReport:
+        """What the engine's /metrics says of the patches (empty until its first step, or when it is
+        unreachable)."""
+        if self._session is None:
+            return engine_report.EngineReport()
+        try:
+            async with self._session.get(self.upstream + "/metrics", headers=self.link.headers(),
+                                         timeout=aiohttp.ClientTimeout(total=10)) as upstream:
+                if upstream.status != 200:
+                    return engine_report.EngineReport()
+                return engine_report.parse(await upstream.text())
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return engine_report.EngineReport()
+
     async def metrics(self, request: web.Request) -> web.StreamResponse:
-        """The engine's /metrics with the plugin's counters appended."""
+        """The engine's /metrics (vLLM's and, through the plugin's report channel, radiance's)."""
         refused = self._refuse(request)
         if refused is not None:
             return refused
         assert self._session is not None
         try:
-            async with self._session.get(self.upstream + "/metrics") as upstream:
-                text = await upstream.text()
+            async with self._session.get(self.upstream + "/metrics", headers=self.link.headers()) as upstream:
+                body = await upstream.read()
                 status, ctype = upstream.status, upstream.headers.get("Content-Type", "text/plain")
         except aiohttp.ClientError as exc:
             return _json_error(502, f"engine unreachable: {exc.__class__.__name__}", "bad_gateway")
-        if status == 200:
-            text += telemetry.render_prometheus(telemetry.read_counters(self.telemetry_dir))
-        return web.Response(status=status, body=text.encode(), headers={"Content-Type": ctype})
+        return web.Response(status=status, body=body, headers={"Content-Type": ctype})
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
         refused = self._refuse(request)
@@ -131,6 +178,8 @@ class Gateway:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers.update(self.link.headers())   # the client's key stops here; the engine gets its own
+        headers[REQUEST_ID] = request[RID_KEY]
         url = self.upstream + request.rel_url.path_qs
         body = await request.read() if request.body_exists else None
         try:
@@ -143,6 +192,7 @@ class Gateway:
             for k, v in upstream.headers.items():
                 if k.lower() not in HOP_BY_HOP:
                     response.headers[k] = v
+            response.headers[REQUEST_ID] = request[RID_KEY]
             await response.prepare(request)
             try:
                 async for chunk in upstream.content.iter_any():
@@ -156,8 +206,10 @@ class Gateway:
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
-        self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
+                                              connector=self.link.aiohttp_connector())
+        self._runner = web.AppRunner(self.app(), access_log=access_log, access_log_class=_AccessLogger,
+                                     handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await site.start()

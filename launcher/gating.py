@@ -3,7 +3,7 @@ report, and hand back pass/fail with a one-line reason."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Awaitable, Callable
 
 from . import paths
 from .profile import Profile
@@ -22,15 +22,21 @@ def summarize(report) -> dict:
             "checks": [{"name": c.name, "status": c.status, "reason": c.reason} for c in report.checks]}
 
 
-async def run(profile: Profile, engine_url: str, *, context: dict,
-              progress: Callable[[str, str], None] | None = None) -> GateOutcome:
+async def run(profile: Profile, engine_url: str, *, context: dict, engine_key: str | None = None,
+              progress: Callable[[str, str], None] | None = None,
+              patches: Callable[[], Awaitable] | None = None) -> GateOutcome:
+    """``patches``: what the engine says of its patches (read after the gate's traffic, the first the
+    engine serves: its report rides its first steps), recorded in the report's context."""
     from .gate import report as gate_report
     from .gate.runner import run_gate_async
 
     context = {"drafter": profile.drafter.type, "features_enabled": profile.features.enabled_names(), **context}
-    # The gate talks to the engine directly: the gateway proxies nothing until the gate has passed.
-    report = await run_gate_async(profile.gate, engine_url, model=profile.served_name(), api_key=None,
+    # The gate talks to the engine directly (its socket, its key): the gateway proxies nothing until the
+    # gate has passed.
+    report = await run_gate_async(profile.gate, engine_url, model=profile.served_name(), api_key=engine_key,
                                   progress=False, context=context)
+    if patches is not None:
+        report.context["patches"] = (await patches()).patches
     path = gate_report.save(report, paths.reports_dir())
     return GateOutcome(passed=report.passed, reason=report.reason or "", report_path=str(path),
                        summary=summarize(report))

@@ -186,6 +186,9 @@ class Profile(_Strict):
         for key in v:
             if key.startswith("-") or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", key):
                 raise ValueError(f"{key!r} — fix: write flags without dashes, e.g. enforce-eager: true")
+            if key in ("uds", "ssl-keyfile", "ssl-certfile", "root-path"):
+                raise ValueError(f"{key!r} would change how the gateway reaches the engine (its private "
+                                 "socket) — fix: remove it; TLS and paths belong in front of the gateway")
             if key in _MANAGED_FLAGS:
                 raise ValueError(f"{key!r} is set from the profile itself — fix: use {_MANAGED_FLAGS[key]}")
         return v

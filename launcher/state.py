@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import paths
+from . import paths, procs
 
 
 @dataclass
@@ -19,6 +19,7 @@ class DeploymentState:
     gateway_url: str
     engine_url: str
     supervisor_pid: int
+    supervisor_started: int | None = None   # its start time (launcher.procs): a recycled pid is not it
     engine_ident: str = ""            # pid or container id
     phase: str = "starting"
     ready: bool = False
@@ -27,7 +28,6 @@ class DeploymentState:
     updated_at: float = field(default_factory=time.time)
     engine_log: str = ""
     supervisor_log: str = ""
-    report_dir: str = ""
     gate_report: str = ""
     exit_code: int | None = None
     api_key_env: str | None = None
@@ -54,13 +54,8 @@ class DeploymentState:
         return cls(**known)
 
     def supervisor_alive(self) -> bool:
-        try:
-            os.kill(self.supervisor_pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        """Running, not a zombie, and the very process that wrote this state."""
+        return procs.alive(self.supervisor_pid, self.supervisor_started)
 
 
 def all_deployments() -> list[DeploymentState]:

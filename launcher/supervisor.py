@@ -6,8 +6,6 @@ own; either way it writes the deployment state that `status`/`logs`/`down` read.
 from __future__ import annotations
 
 import asyncio
-import glob
-import json
 import logging
 import os
 import signal
@@ -21,19 +19,14 @@ import aiohttp
 
 from radiance import envs
 
-from . import engine_args, errors, gating, paths
+from . import engine_args, engine_link, errors, gating, paths, procs
+from .engine_link import EngineLink
 from .gateway import Gateway, GatewayState
 from .profile import Profile
 from .runtime.base import EngineHandle, EngineSpec
 from .state import DeploymentState
 
 log = logging.getLogger("radiance.supervisor")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -46,25 +39,6 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-# Merging per-process outcomes: "applied" anywhere wins over "disabled"; a runtime failure anywhere wins over all.
-_RANK = {"disabled": 0, "declined": 1, "applied": 2, "failed-at-runtime": 3}
-
-
-def read_patch_reports(report_dir: Path) -> dict:
-    """Merge the per-process patch reports the plugin wrote: feature -> outcome."""
-    merged: dict[str, dict] = {}
-    for f in sorted(glob.glob(str(report_dir / "patches-*.json"))):
-        try:
-            data = json.loads(Path(f).read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        for p in data.get("patches", []):
-            prev = merged.get(p["patch"])
-            if prev is None or _RANK.get(p["status"], 0) > _RANK.get(prev["status"], 0):
-                merged[p["patch"]] = p
-    return {"patches": list(merged.values())}
-
-
 @dataclass
 class UpOptions:
     runtime: str
@@ -73,6 +47,7 @@ class UpOptions:
     keep_serving_unready: bool = False
     image: str | None = None
     engine_url: str | None = None       # runtime "external": an engine someone else runs
+    engine_key: str | None = None       # ... and the key it wants (its VLLM_API_KEY), if any
 
 
 class Supervisor:
@@ -90,6 +65,8 @@ class Supervisor:
         self.state: DeploymentState | None = None
         self._stop = asyncio.Event()
         self.exit_code = errors.OK
+        self.link: EngineLink | None = None
+        self.socket_dir: Path | None = None
 
     # -- helpers ---------------------------------------------------------------------------
     def _phase(self, phase: str, reason: str = "", ready: bool = False) -> None:
@@ -120,17 +97,22 @@ class Supervisor:
             return DockerRuntime()
         return None
 
-    async def _wait_engine(self, url: str, timeout: float) -> None:
+    async def _engine_alive(self) -> bool:
+        # The docker runtime asks the daemon: never on the event loop the gateway serves from.
+        return await asyncio.to_thread(self.runtime.alive, self.handle)
+
+    async def _wait_engine(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         t0 = time.monotonic()
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5),
+                                         connector=self.link.aiohttp_connector()) as s:
             while True:
-                if self.handle is not None and not self.runtime.alive(self.handle):
+                if self.handle is not None and not await self._engine_alive():
                     raise errors.LauncherError(
                         f"the engine exited while loading; see `radiance logs {self.name}` "
                         f"({self.state.engine_log if self.state else ''})")
                 try:
-                    async with s.get(url + "/health") as r:
+                    async with s.get(self.link.base_url + "/health") as r:
                         if r.status == 200:
                             return
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
@@ -166,31 +148,29 @@ class Supervisor:
             raise errors.LauncherError(f"{host}:{public_port} is already in use — fix: stop what holds it "
                                        f"(`radiance status`) or set server.port in the profile")
         self.dir.mkdir(parents=True, exist_ok=True)
-        report_dir = self.dir / "patches"
-        for old in report_dir.glob("patches-*.json"):
-            old.unlink()
         engine_log = self.dir / "engine.log"
         if engine_log.exists():
             engine_log.replace(self.dir / "engine.log.1")
 
         if self.opts.runtime == "external":
-            engine_url = self.opts.engine_url.rstrip("/")
+            self.link = EngineLink(self.opts.engine_url.rstrip("/"), self.opts.engine_key)
         else:
-            engine_host = "127.0.0.1"
-            engine_port = free_port(engine_host)
-            engine_url = f"http://{engine_host}:{engine_port}"
+            # The engine's only door: a socket in a directory of ours, and a key of this deployment's.
+            self.socket_dir = engine_link.private_socket_dir(group_access=self.opts.runtime == "docker")
+            self.link = EngineLink(f"{engine_link.UNIX}{self.socket_dir / engine_link.SOCKET_NAME}",
+                                   engine_link.new_key())
+        engine_url = self.link.address
 
         self.state = DeploymentState(
             name=self.name, profile_path=str(Path(self.profile_path).resolve()),
             profile_hash=p.fingerprint(), runtime=self.opts.runtime,
             gateway_url=f"http://{host}:{public_port}", engine_url=engine_url,
-            supervisor_pid=os.getpid(), engine_log=str(engine_log), report_dir=str(report_dir),
+            supervisor_pid=os.getpid(), supervisor_started=procs.start_time(os.getpid()), engine_log=str(engine_log),
             supervisor_log=str(self.dir / "supervisor.log"), api_key_env=p.server.api_key_env)
         self.state.save()
 
         drain = envs.get("RADIANCE_DRAIN_TIMEOUT")
-        gateway = Gateway(engine_url, self.gw_state, api_key=api_key, drain_timeout=drain,
-                          telemetry_dir=report_dir)
+        gateway = Gateway(self.link, self.gw_state, api_key=api_key, drain_timeout=drain)
         await gateway.start(host, public_port)
         self._phase("starting", "gateway up; preparing the engine")
         loop = asyncio.get_running_loop()
@@ -205,29 +185,26 @@ class Supervisor:
                 drafter_arg, drafter_dir = await asyncio.to_thread(
                     engine_args.resolve_drafter, p, paths.cache_home(), paths.REPO_ROOT)
                 platform = self.opts.platform
-                cfg = engine_args.build(p, platform=platform, host="0.0.0.0" if self.opts.runtime == "docker"
-                                        else "127.0.0.1", port=engine_port, model_arg=model_arg,
-                                        model_dir=model_dir, report_dir=report_dir, drafter_arg=drafter_arg)
+                cfg = engine_args.build(p, platform=platform, uds=self.link.uds, engine_key=self.link.key,
+                                        model_arg=model_arg, model_dir=model_dir, drafter_arg=drafter_arg)
                 image = self.opts.image
                 if self.opts.runtime == "docker" and image is None:
                     from . import images
 
                     image = images.resolve(p, platform)[2]
                 spec = EngineSpec(deployment=self.name, server_args=cfg.server_args, env=cfg.env,
-                                  host="127.0.0.1", port=engine_port, platform=platform,
-                                  log_path=engine_log, report_dir=report_dir, model_dir=model_dir,
+                                  platform=platform, socket_dir=self.socket_dir,
+                                  log_path=engine_log, model_dir=model_dir,
                                   extra_dirs=(drafter_dir,) if drafter_dir else (),
                                   image=image, secret_env=cfg.secret_env)
                 self.runtime = self._make_runtime()
                 with open(engine_log, "a") as f:
                     f.write(f"[radiance] {cfg.redacted_command()}\n")
-                self.handle = self.runtime.start(spec)
+                self.handle = await asyncio.to_thread(self.runtime.start, spec)
                 self.state.engine_ident = self.handle.ident
                 self.state.save()
             self._phase("loading", "engine loading")
-            await self._wait_engine(engine_url, p.runtime.startup_timeout_s)
-            patches = read_patch_reports(report_dir)
-            self.gw_state.info.update(patches)
+            await self._wait_engine(p.runtime.startup_timeout_s)
             self.gw_state.info["profile"] = {"name": p.name, "hash": p.fingerprint(),
                                              "features": p.features.enabled_names()}
 
@@ -237,9 +214,9 @@ class Supervisor:
                 self._phase("ready", "gate skipped by --skip-gate", ready=True)
             else:
                 self._phase("gating", "running the gate")
-                outcome = await gating.run(p, engine_url, context={
-                    "profile": p.name, "profile_hash": p.fingerprint(), "patches": patches["patches"]},
-                    progress=self.progress)
+                outcome = await gating.run(p, engine_url, engine_key=self.link.key, context={
+                    "profile": p.name, "profile_hash": p.fingerprint()},
+                    progress=self.progress, patches=gateway.engine_report)
                 self.state.gate_report = outcome.report_path or ""
                 self.gw_state.info["gate"] = outcome.summary
                 if outcome.passed:
@@ -262,13 +239,14 @@ class Supervisor:
             if self.handle is not None:
                 self._phase("stopping", "stopping the engine")
                 await asyncio.to_thread(self.runtime.stop, self.handle, max(drain, 10.0))
+            engine_link.remove_socket_dir(self.socket_dir)
             if self.state is not None:
                 self.state.exit_code = self.exit_code
                 self._phase("stopped", self.gw_state.reason)
 
     async def _serve_until_stopped(self) -> None:
         while not self._stop.is_set():
-            if self.handle is not None and not self.runtime.alive(self.handle):
+            if self.handle is not None and not await self._engine_alive():
                 self.exit_code = errors.RUNTIME_ERROR
                 self._phase("failed", "the engine exited unexpectedly")
                 return

@@ -111,9 +111,6 @@ _KNOBS = (
     # --- plugin-wide -------------------------------------------------------------------
     Knob("RADIANCE_ENABLE", "1", parse_bool,
          "Master switch of the vLLM plugin; 0 leaves vLLM entirely stock."),
-    Knob("RADIANCE_REPORT_DIR", "", _parse_str,
-         "Directory where each vLLM process writes its patch report (applied/declined) as JSON; "
-         "empty: no report file."),
     Knob("RADIANCE_LOG_LEVEL", "INFO", _parse_str, "Log level of the radiance logger.",
          choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     Knob("RADIANCE_DEBUG", "0", parse_bool,
@@ -163,7 +160,14 @@ _KNOBS = (
          "The conventional variable for the gateway's API key; a profile names the variable it reads in "
          "server.api_key_env, so the key itself is never written in a profile. Never logged."),
     Knob("RADIANCE_ENGINE_URL", "", _parse_str,
-         "`radiance gateway`: base URL of an engine started elsewhere (compose's engine service)."),
+         "`radiance gateway`: where an engine started elsewhere listens: http://host:port or "
+         "unix:/path/to/socket (compose's engine service)."),
+    Knob("RADIANCE_ENGINE_KEY_FILE", "", _parse_str,
+         "A file holding the engine's per-deployment key (vLLM's VLLM_API_KEY): radiance-engine writes a "
+         "fresh one at start (mode 0600), `radiance gateway` reads it and sends it upstream. Empty: no key."),
+    Knob("RADIANCE_ENGINE_UDS", "", _parse_str,
+         "radiance-engine: serve on this Unix socket instead of a TCP port (compose shares it with the "
+         "gateway only, through a volume); also what the image's health check probes."),
     Knob("RADIANCE_GATE_URL", "", _parse_str, "`radiance gate`: base URL of the endpoint to gate."),
     Knob("RADIANCE_PLATFORM", "rocm", _parse_str, "compose: which engine image variant to run.",
          choices=("rocm", "cuda", "cpu")),

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import logging
 import os
 import threading
@@ -144,6 +143,12 @@ class Patch:
                 return f"hook point {path} missing ({exc})"
         return None
 
+    def on_ranks_disagree(self, model) -> str | None:
+        """The TP ranks' outcomes of this patch differ (radiance/report gathers them after the load);
+        called on every rank alike. Return what was done to make them agree, or None to leave them
+        as they are (reported as ``mixed``): right when a split cannot desynchronise the ranks."""
+        return None
+
     def latch_off(self, reason: str) -> None:
         if not self.latched_off:
             self.latched_off = True
@@ -194,39 +199,33 @@ def fail_closed(patch: Patch, original: Callable) -> Callable:
 
 
 class Report:
-    """What this process did; written to RADIANCE_REPORT_DIR/<role>-<pid>.json."""
+    """What this process did, patch by patch. The engine serves it (radiance/report: every TP rank's
+    report, gathered after the model load, rides vLLM's scheduler stats to the API server's
+    /metrics as ``radiance:patch_status``); ``version`` counts the changes, so the channel resends
+    only what is new."""
 
     def __init__(self) -> None:
         self.outcomes: dict[str, Outcome] = {}
+        self.version = 0
+        self.listeners: list[Callable[[Outcome], None]] = []
         self._lock = threading.Lock()
 
     def record(self, outcome: Outcome) -> None:
         with self._lock:
             self.outcomes[outcome.patch] = outcome
-        self.write()
+            self.version += 1
+        for listener in list(self.listeners):
+            try:
+                listener(outcome)
+            except Exception:  # a report must never fail the patch that records
+                pass
+
+    def rows(self) -> list[dict]:
+        with self._lock:
+            return [dict(o.__dict__) for o in self.outcomes.values()]
 
     def as_dict(self) -> dict:
-        return {
-            "pid": os.getpid(),
-            "patches": [o.__dict__ for o in self.outcomes.values()],
-        }
-
-    def write(self) -> None:
-        try:
-            directory = envs.get("RADIANCE_REPORT_DIR")
-        except envs.KnobError:
-            return
-        if not directory:
-            return
-        try:
-            os.makedirs(directory, exist_ok=True)
-            path = os.path.join(directory, f"patches-{os.getpid()}.json")
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.as_dict(), f, indent=1)
-            os.replace(tmp, path)
-        except OSError as exc:
-            logger.warning("radiance: could not write patch report to %s: %s", directory, exc)
+        return {"pid": os.getpid(), "patches": self.rows()}
 
 
 _REPORT = Report()

@@ -24,6 +24,11 @@ logger = logging.getLogger("radiance")
 # quantises with radiance_fp8 and keeps the fp8-stream contract off is the contract's baseline.
 QUANT_MODULES: tuple[str, ...] = ("radiance.fp8_stream.linear",)
 
+# The report channel (radiance/report): installed whenever the plugin is, features on or off, so every
+# engine says what its patches did.
+CORE_MODULES: tuple[str, ...] = ("radiance.report.patch_worker", "radiance.report.patch_engine",
+                                 "radiance.report.patch_server")
+
 _registry: Registry | None = None
 
 
@@ -59,6 +64,11 @@ def load_patches() -> tuple[list[Patch], list[Outcome]]:
     feature."""
     patches: list[Patch] = []
     declined: list[Outcome] = []
+    for module in CORE_MODULES:
+        try:
+            patches.extend(importlib.import_module(module).PATCHES)
+        except Exception as exc:  # without the channel the features still run; the report is local only
+            logger.warning("radiance: %s not loaded: %s: %s", module, type(exc).__name__, exc)
     for feat in FEATURES:
         feature, module = feat.name, feat.module
         try:
@@ -111,6 +121,10 @@ def register() -> None:
             if outcome.status == "declined":
                 logger.warning("radiance: declined %s: %s", outcome.feature, outcome.reason)
             report().record(outcome)
+        from .report import channel
+
+        if channel.on_local_outcome not in report().listeners:
+            report().listeners.append(channel.on_local_outcome)
         _registry = Registry(patches)
         _registry.install_all(version)
     except Exception as exc:  # the plugin must never take vLLM down

@@ -27,13 +27,19 @@ def command(name: str | None, all_: bool, timeout: float) -> None:
             note = f"; removed {left} leftover engine(s)" if left else ""
             console.out.print(f"{st.name}: not running ({st.phase}){note}")
             continue
-        os.kill(st.supervisor_pid, signal.SIGTERM)
+        try:
+            os.kill(st.supervisor_pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass  # it ended between the check and the signal
         deadline = time.monotonic() + timeout
         with console.err.status(f"{st.name}: draining and stopping", spinner="dots"):
             while st.supervisor_alive() and time.monotonic() < deadline:
                 time.sleep(0.3)
         if st.supervisor_alive():
-            os.kill(st.supervisor_pid, signal.SIGKILL)
+            try:
+                os.kill(st.supervisor_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             _remove_leftovers(st)
             raise errors.LauncherError(f"{st.name}: did not stop within {timeout:.0f}s; killed")
         console.out.print(f"{st.name}: stopped")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -98,7 +99,25 @@ def command(profile_path: str, runtime: str | None, detach: bool, port: int | No
     sys.exit(code)
 
 
+def _configure_logging(name: str, quiet: bool) -> None:
+    """The gateway's access lines and the supervisor's warnings: on stderr when nobody watches a
+    spinner (detached: stderr is supervisor.log; compose: `docker compose logs`), else appended to
+    the deployment's supervisor.log so they do not tear through the progress line."""
+    if quiet:
+        handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    else:
+        d = paths.deployment_dir(name)
+        d.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(d / "supervisor.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger("radiance")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
 def _run_foreground(profile, profile_path: str, opts: UpOptions, *, quiet: bool, gate_only: bool) -> int:
+    _configure_logging(profile.name, quiet)
     status = None if quiet else console.err.status(f"{profile.name}: starting", spinner="dots")
 
     def progress(phase: str, detail: str) -> None:

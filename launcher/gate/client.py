@@ -35,6 +35,8 @@ class RequestFailed(Exception):
 def endpoint_root(base_url: str) -> str:
     """``http://h:8000/v1/`` and ``http://h:8000`` both name the server root ``http://h:8000``."""
     url = base_url.strip().rstrip("/")
+    if url.startswith("unix:"):  # the launcher's own engine, on its private socket (engine_link)
+        return url
     if url.endswith("/v1"):
         url = url[: -len("/v1")]
     if "://" not in url:
@@ -44,6 +46,8 @@ def endpoint_root(base_url: str) -> str:
 
 def redact_url(url: str) -> str:
     """Drop credentials and the query string: neither belongs in a report."""
+    if url.startswith("unix:"):
+        return url
     parts = urlsplit(url)
     host = parts.hostname or ""
     if parts.port:
@@ -65,14 +69,17 @@ class Client:
         self.retries = retries
         self._sem = asyncio.Semaphore(concurrency)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        uds = self.root[len("unix:"):] if self.root.startswith("unix:") else None
         self._http = httpx.AsyncClient(
-            base_url=self.root,
+            base_url="http://engine" if uds else self.root,
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+            limits=limits,
+            transport=httpx.AsyncHTTPTransport(uds=uds, limits=limits) if uds else None,
             # Honour HTTP(S)_PROXY for a remote endpoint, but never route a local engine through one
             # (a proxy set for the outside world, without NO_PROXY, would swallow 127.0.0.1).
-            trust_env=not _is_loopback(self.root),
+            trust_env=not uds and not _is_loopback(self.root),
         )
 
     async def __aenter__(self) -> "Client":

@@ -101,7 +101,8 @@ def parse(text: str) -> Snapshot:
                 else:
                     continue  # _created timestamps and future additions
                 seen_spec = True
-            elif name.startswith(RADIANCE_PREFIX):
+            elif name.startswith(RADIANCE_PREFIX) and not name.startswith("radiance:patch_status"):
+                # (the patch outcomes are the deployment's state, not a counter of the gate's traffic)
                 key = _key(name, s.labels)
                 radiance[key] = radiance.get(key, 0.0) + s.value
                 if family.type == "counter" or name.endswith("_total"):

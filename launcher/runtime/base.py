@@ -1,8 +1,8 @@
 """What a runtime does: start the vLLM engine somewhere, report on it, stop it.
 
 The gateway and the gate always run in the launcher's process on the host; a runtime only
-owns the engine (a local subprocess, or a container). Its address is ``spec.host:spec.port``
-as seen from the host.
+owns the engine (a local subprocess, or a container). The engine serves on a Unix socket in
+``spec.socket_dir`` (launcher.engine_link), never on a TCP port.
 """
 from __future__ import annotations
 
@@ -16,13 +16,11 @@ class EngineSpec:
     deployment: str                 # name of the deployment (profile name unless overridden)
     server_args: list[str]          # arguments after `python -m vllm.entrypoints.openai.api_server`
     env: dict[str, str]             # RADIANCE_* knobs and VLLM_* settings for the engine processes
-    host: str                       # where the engine listens, as seen from the host
-    port: int                       # internal engine port (never the public one)
     platform: str                   # "cpu" | "rocm" | "cuda"
     log_path: Path                  # engine stdout/stderr go here (host path)
-    report_dir: Path                # RADIANCE_REPORT_DIR on the host (mounted into containers)
     model_dir: Path | None = None   # a local model directory (mounted read-only into containers)
     extra_dirs: tuple[Path, ...] = ()  # other local checkpoints (a drafter), mounted read-only too
+    socket_dir: Path | None = None  # private directory holding the engine's socket (engine_link)
     image: str | None = None        # docker runtime: the image to run
     secret_env: dict[str, str] = field(default_factory=dict)  # HF_TOKEN etc.: passed, never logged
 

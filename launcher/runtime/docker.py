@@ -3,10 +3,13 @@
 The container runs ``python -m vllm.entrypoints.openai.api_server`` with the spec's arguments;
 the gateway and the gate stay on the host. What crosses the boundary:
 
-- the engine port, published on 127.0.0.1 only (the container listens on 0.0.0.0 inside its own
-  network namespace, which is not reachable from outside the host);
-- the model directory (read-only) and the report directory, each mounted at its host path so
-  that the arguments and ``RADIANCE_REPORT_DIR`` mean the same inside and out;
+- no port: the engine serves on a Unix socket (vLLM's --uds) in the deployment's private socket
+  directory (launcher.engine_link), bind-mounted at ``/var/cache/radiance/run``; the container
+  gets the launcher's group and a umask of 007, so the launcher's user, and nobody else on the
+  host, can connect (the directory is setgid, mode 2770);
+- the model directories (read-only: the target, a local drafter), each mounted at its host path so
+  that the arguments mean the same inside and out (the engine reports through its own /metrics,
+  nothing is written back to the host);
 - caches as named volumes: HF and vLLM shared by every deployment, Triton per image (its
   ahead-of-time kernels are seeded from the image into a fresh volume, so a newer image must
   not inherit an older image's volume);
@@ -26,18 +29,19 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..engine_link import SOCKET_NAME
 from ..errors import LauncherError
 from .base import EngineHandle, EngineSpec
 
 LABEL_DEPLOYMENT = "radiance.deployment"
 LABEL_ROLE = "radiance.role"
-LABEL_PORT = "radiance.port"
 ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 
 # Where the images keep their caches (images/Dockerfile.*); the volumes mount there.
 CACHE_ROOT = "/var/cache/radiance"
 HF_VOLUME = "radiance-hf-cache"
 VLLM_VOLUME = "radiance-vllm-cache"
+RUN_DIR = f"{CACHE_ROOT}/run"        # the socket directory, inside the container
 AMD_DEVICES = ("/dev/kfd", "/dev/dri")
 _NAME_SAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 
@@ -55,16 +59,17 @@ def triton_volume(image: str) -> str:
 
 
 def engine_command(server_args: list[str]) -> list[str]:
-    """The argv inside the container; the API server must listen beyond the container's loopback."""
+    """The argv inside the container: the socket moves to its in-container path, and the umask lets
+    the launcher's group (given to the container) connect to it."""
     args = list(server_args)
     for i, arg in enumerate(args):
-        if arg == "--host" and i + 1 < len(args):
-            args[i + 1] = "0.0.0.0"
-        elif arg.startswith("--host="):
-            args[i] = "--host=0.0.0.0"
-    if not any(a == "--host" or a.startswith("--host=") for a in args):
-        args += ["--host", "0.0.0.0"]
-    return ["python", "-m", ENGINE_MODULE, *args]
+        if arg == "--uds" and i + 1 < len(args):
+            args[i + 1] = f"{RUN_DIR}/{SOCKET_NAME}"
+        elif arg.startswith("--uds="):
+            args[i] = f"--uds={RUN_DIR}/{SOCKET_NAME}"
+    if not any(a == "--uds" or a.startswith("--uds=") for a in args):
+        args += ["--uds", f"{RUN_DIR}/{SOCKET_NAME}"]
+    return ["sh", "-c", 'umask 0007 && exec "$@"', "radiance-engine", "python", "-m", ENGINE_MODULE, *args]
 
 
 def _device_gids(paths: tuple[str, ...]) -> list[str]:
@@ -129,18 +134,20 @@ def container_config(spec: EngineSpec, image: str) -> dict[str, Any]:
         "HF_HOME": f"{CACHE_ROOT}/hf",
         "VLLM_CACHE_ROOT": f"{CACHE_ROOT}/vllm",
         "TRITON_CACHE_DIR": f"{CACHE_ROOT}/triton",
-        "ENGINE_PORT": str(spec.port),   # read by the image's HEALTHCHECK
+        "RADIANCE_ENGINE_UDS": f"{RUN_DIR}/{SOCKET_NAME}",   # what the image's HEALTHCHECK probes
         "PYTHONUNBUFFERED": "1",
     })
     volumes: dict[str, dict[str, str]] = {
         HF_VOLUME: {"bind": f"{CACHE_ROOT}/hf", "mode": "rw"},
         VLLM_VOLUME: {"bind": f"{CACHE_ROOT}/vllm", "mode": "rw"},
         triton_volume(image): {"bind": f"{CACHE_ROOT}/triton", "mode": "rw"},
-        str(spec.report_dir): {"bind": str(spec.report_dir), "mode": "rw"},
     }
     for local in (spec.model_dir, *spec.extra_dirs):
         if local is not None:
             volumes[str(local)] = {"bind": str(local), "mode": "ro"}
+    if spec.socket_dir is None:
+        raise DockerRuntimeError("the docker runtime needs a socket directory (EngineSpec.socket_dir)")
+    volumes[str(spec.socket_dir)] = {"bind": RUN_DIR, "mode": "rw"}
     cfg: dict[str, Any] = dict(
         image=image,
         command=engine_command(spec.server_args),
@@ -149,13 +156,14 @@ def container_config(spec: EngineSpec, image: str) -> dict[str, Any]:
         init=True,   # reaps vLLM's engine-core/worker children and forwards SIGTERM to the server
         environment=env,
         volumes=volumes,
-        ports={f"{spec.port}/tcp": ("127.0.0.1", spec.port)},
-        labels={LABEL_DEPLOYMENT: spec.deployment, LABEL_ROLE: "engine", LABEL_PORT: str(spec.port)},
+        labels={LABEL_DEPLOYMENT: spec.deployment, LABEL_ROLE: "engine"},
         stop_signal="SIGTERM",
         ulimits=[Ulimit(name="nofile", soft=_nofile_limit(), hard=_nofile_limit())],
         log_config={"type": "json-file", "config": {"max-size": "50m", "max-file": "3"}},
     )
     cfg.update(platform_options(spec.platform))
+    # The launcher's group, so that the socket (umask 007, setgid directory) is ours to connect to.
+    cfg["group_add"] = sorted({*cfg.get("group_add", []), str(os.getgid())})
     return cfg
 
 
@@ -182,15 +190,11 @@ class DockerRuntime:
 
         image = spec.image or images.image_tag(spec.platform)
         try:
-            image_user = self.client.images.get(image).attrs.get("Config", {}).get("User", "")
+            self.client.images.get(image)
         except ImageNotFound:
             raise DockerRuntimeError(f"image {image} is not present — fix: `radiance build PROFILE` "
                                      "(or --pull), or pass --image") from None
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        spec.report_dir.mkdir(parents=True, exist_ok=True)
-        if image_user not in ("", "root", "0", "0:0"):
-            # The engine runs as the image's unprivileged user and writes its patch report here.
-            spec.report_dir.chmod(spec.report_dir.stat().st_mode | 0o1777)
         name = container_name(spec.deployment)
         try:
             old = self.client.containers.get(name)

@@ -26,10 +26,50 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
+def _become_subreaper() -> None:
+    """Linux: orphans of the engine (a worker whose parent, the engine core, went first) become our
+    children instead of init's, so stop() reaps them and none lingers as a zombie where init does not
+    reap (containers without an init, sandboxes)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _group_members(pgid: int) -> dict[int, str]:
+    """{pid: state letter} of the processes in a process group (Linux /proc)."""
+    out = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            raw = open(f"/proc/{entry}/stat").read()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid:
+            out[int(entry)] = fields[0]
+    return out
+
+
+def _reap_group(pgid: int) -> None:
+    """Collect every exited child in the group (the engine, and orphans we adopted as subreaper)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-pgid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 class LocalRuntime:
     name = "local"
 
     def start(self, spec: EngineSpec) -> EngineHandle:
+        _become_subreaper()
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(spec.env)
@@ -53,16 +93,24 @@ class LocalRuntime:
         except ProcessLookupError:
             return
         deadline = time.monotonic() + timeout
+        # The API server first, then its engine core and workers, each given the time to exit by
+        # itself (and be reaped by its parent) before anything is killed.
         while time.monotonic() < deadline:
-            if not _pid_alive(pid):
+            _reap_group(pid)
+            if not any(state not in "ZX" for state in _group_members(pid).values()):
                 break
             time.sleep(0.2)
-        # Whatever is left of the group (workers that outlived the API server) goes now.
+        # Whatever is left of the group goes now.
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        _pid_alive(pid)
+        settle = time.monotonic() + 5.0
+        while time.monotonic() < settle:
+            _reap_group(pid)
+            if not _group_members(pid):
+                break
+            time.sleep(0.05)
 
     def logs(self, handle: EngineHandle, follow: bool = False) -> Iterator[str]:
         yield from follow_file(handle.spec.log_path, follow, lambda: self.alive(handle))

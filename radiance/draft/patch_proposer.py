@@ -36,9 +36,20 @@ Fail closed:
 * per step, stock MTP for that step: a drafter that is not plain MTP (``EagleProposer`` with
   method "mtp"), parallel drafting, vLLM's local-argmax or heterogeneous-vocab draft paths,
   probabilistic draft sampling with a non-greedy request in the batch, k < 2;
-* any exception in the hooks latches the patch off for the process (``Patch.latch_off``, the
-  semantics of ``fail_closed``, written out so that vLLM's own exceptions are never retried and
-  the loop-break is never mistaken for a failure): stock MTP from then on, one warning.
+* any exception in the hooks latches the patch off (``Patch.latch_off``, the semantics of
+  ``fail_closed``, written out so that vLLM's own exceptions are never retried and the loop-break is
+  never mistaken for a failure): stock MTP from then on, one warning.
+
+One truth across ranks (TP > 1): every rank runs the same controller on the same gathered numbers,
+so the ranks stay in lockstep -- the same forwards, the same collectives -- as long as no rank acts
+alone. A rank that faults therefore does not fall back by itself (its peers would break the loop
+where it does not, and the collectives would diverge: a hang). It marks the fault pending and keeps
+following the protocol, and at the next draft slot its share of the slot's exchange -- the per-row
+stats all-gather of the local-vocabulary path, or a one-flag all-gather before the gathered-logits
+path -- carries NaN: every rank sees which rank faulted, in the same slot of the same step, and
+every rank latches off there and runs that slot and the rest of the step as stock MTP. A fault
+after the exchange (the host copy, the controller) cannot be agreed on any more within the step:
+at TP > 1 it is raised, the engine stops loudly and the gateway goes unready -- never a split.
 """
 from __future__ import annotations
 
@@ -53,7 +64,7 @@ from .. import envs
 from ..patching import Patch, resolve
 from .context_mirror import ContextMirror
 from .controller import DraftPolicy, StepController
-from .local_vocab import check_vocab, sample_top1
+from .local_vocab import check_vocab, combine, sample_top1, shard_stats
 from .telemetry import DraftCounters
 
 logger = logging.getLogger("radiance")
@@ -75,13 +86,14 @@ class _StopDrafting(BaseException):
 
 @dataclass
 class _Step:
-    ctl: StepController
+    ctl: StepController | None   # None on a poisoned step
     k: int
     batch: int
     ragged: bool
     req_ids: list[str]
     slot: int = 0
     drafts: list[list[int]] | None = None
+    poisoned: bool = False       # this rank's preparation failed: only carry the fault to the exchange
 
 
 @dataclass
@@ -122,6 +134,8 @@ class DynamicDraftPatch(Patch):
         super().__init__()
         self.policy: DraftPolicy | None = None
         self.local_vocab = True  # RADIANCE_DRAFT_LOCAL_VOCAB, read at install
+        self.fault_pending: str | None = None  # TP > 1: a local fault not yet agreed with the peers
+        self.steps_seen = 0  # controlled steps started in this process (names the step of a latch)
         self.counters: DraftCounters | None = None
         self.steps_declined: dict[str, int] = {}
         self.slots_observed = 0  # per-slot hook calls that reached the controller (tests)
@@ -137,7 +151,10 @@ class DynamicDraftPatch(Patch):
         return None
 
     def apply(self) -> None:
-        self.counters = DraftCounters(report_dir=envs.get("RADIANCE_REPORT_DIR") or None)
+        from ..report import channel
+
+        self.counters = DraftCounters()
+        channel.add_counter_source(self.counters.take_deltas)
         owner, _, orig_propose = resolve(f"{_PROPOSER}.propose")
         _, _, orig_sample = resolve(f"{_PROPOSER}._sample_draft_tokens")
         runner, _, orig_runner = resolve(f"{_RUNNER}.propose_draft_token_ids")
@@ -154,6 +171,50 @@ class DynamicDraftPatch(Patch):
         super().latch_off(reason)
         if self.counters is not None:
             self.counters.add(fallback_steps=1)
+
+    @staticmethod
+    def _tp() -> tuple[int, int]:
+        try:
+            from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+            return get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        except Exception:
+            return 1, 0
+
+    def fault(self, reason: str) -> None:
+        """A fault on this rank: at TP=1 latch off now; at TP>1 keep it pending until the next draft
+        slot's exchange carries it to every rank (see the module doc)."""
+        tp, rank = self._tp()
+        if tp == 1:
+            self.latch_off(reason)
+        elif self.fault_pending is None:
+            self.fault_pending = reason
+            logger.warning("radiance: dynamic-draft fault on TP rank %d (%s); every rank turns it off together "
+                           "at the next draft slot", rank, reason)
+
+    def _agreed_latch(self, faulted: list[int], local_reason: str | None) -> None:
+        """Every rank, same slot: the gathered exchange said which ranks faulted."""
+        _, rank = self._tp()
+        mine = self.fault_pending or local_reason
+        where = f"step {self.steps_seen}"
+        if rank in faulted and mine:
+            reason = f"fault on TP rank {rank} at {where}: {mine}"
+        else:
+            reason = f"TP rank(s) {', '.join(map(str, faulted))} faulted at {where}; turned off on every rank together"
+        self.fault_pending = None
+        self.latch_off(reason)
+        tp, _ = self._tp()
+        if rank == 0:  # rank 0 speaks for every rank on the report channel
+            from ..report import channel
+
+            for r in range(tp):
+                if r == 0:
+                    continue
+                why = (f"fault on TP rank {r} at {where} (its log has the error); turned off on every rank together"
+                       if r in faulted else f"TP rank(s) {', '.join(map(str, faulted))} faulted at {where}; "
+                                            "turned off on every rank together")
+                channel.update_row(str(r), {"patch": self.name, "feature": self.feature,
+                                            "status": "failed-at-runtime", "reason": why})
 
     def _make_runner_factory(self, orig):
         patch = self
@@ -189,7 +250,7 @@ class DynamicDraftPatch(Patch):
             return "vLLM's local-argmax draft path is on (it yields no confidence)"
         if getattr(drafter, "_enable_probabilistic_draft_probs", True) \
                 and not getattr(sampling_metadata, "all_greedy", False):
-            return "draft sampling is probabilistic and a request is not greedy"
+            return _PROBABILISTIC
         if k < 2:
             return "fewer than two draft slots are scheduled"
         return None
@@ -244,6 +305,7 @@ class DynamicDraftPatch(Patch):
         both = torch.cat([cont, clen[:, None]], dim=1).cpu().numpy()  # one device->host copy
         ctl = StepController(self.policy)
         ctl.begin(k, both[:, :k].tolist(), both[:, k].tolist())
+        self.steps_seen += 1
         # Ragged drafts (fewer tokens to verify too) only where vLLM takes them: not under async
         # scheduling (it reads drafts as a [B, k] tensor) and not for hybrid models, whose
         # linear-attention spec path assumes k drafts per request (vLLM 0.32's CPU GDN kernel
@@ -281,7 +343,8 @@ class DynamicDraftPatch(Patch):
                     patch._prepare(self, scheduler_output, sampled_token_ids, sampling_metadata)
                 except Exception as exc:
                     setattr(self.drafter, STEP_ATTR, None)
-                    patch.latch_off(f"step preparation: {type(exc).__name__}: {exc}")
+                    patch.fault(f"step preparation: {type(exc).__name__}: {exc}")
+                    patch._poison_step(self, scheduler_output, sampling_metadata)
             try:
                 return orig(self, scheduler_output, sampled_token_ids, sampling_metadata,
                             *args, **kwargs)
@@ -292,9 +355,21 @@ class DynamicDraftPatch(Patch):
                     try:
                         patch._after_step(self, step)
                     except Exception as exc:
-                        patch.latch_off(f"step accounting: {type(exc).__name__}: {exc}")
+                        patch.fault(f"step accounting: {type(exc).__name__}: {exc}")
 
         return propose_draft_token_ids
+
+    def _poison_step(self, runner, scheduler_output, sampling_metadata) -> None:
+        """TP > 1, this rank's preparation failed: join the step's first exchange with NaN so that
+        every rank latches off there, instead of running stock MTP alone (see the module doc)."""
+        if self._tp()[0] == 1 or self.fault_pending is None:
+            return
+        drafter = runner.drafter
+        k = int(scheduler_output.num_spec_tokens_to_schedule)
+        b = len(runner.input_batch.req_ids)
+        # Exactly the steps the peers control reach an exchange: the same decision as _prepare's.
+        if b and self._step_or_reason(runner, sampling_metadata, k) is None:
+            setattr(drafter, STEP_ATTR, _Step(None, k, b, False, [], poisoned=True))
 
     def _after_step(self, runner, step: _Step) -> None:
         ctl = step.ctl
@@ -325,8 +400,21 @@ class DynamicDraftPatch(Patch):
             step: _Step | None = getattr(self, STEP_ATTR, None)
             if step is None or patch.latched_off:
                 return orig(self, hidden_states, sampling_metadata)
+            tp = patch._tp()[0]
+            if tp == 1:
+                try:
+                    token, conf = patch._top1(self, hidden_states)
+                except Exception as exc:
+                    # stock sampling for this slot and the rest of the step: propose sees the
+                    # latch and returns stock's own draft
+                    patch.latch_off(f"draft slot: {type(exc).__name__}: {exc}")
+                    return orig(self, hidden_states, sampling_metadata)
+            else:
+                token, conf, faulted, local_reason = patch._top1_collective(self, hidden_states, step)
+                if faulted:  # every rank, this slot: stock from here on
+                    patch._agreed_latch(faulted, local_reason)
+                    return orig(self, hidden_states, sampling_metadata)
             try:
-                token, conf = patch._top1(self, hidden_states)
                 if token.shape[0] != step.batch:
                     raise RuntimeError(f"draft batch {token.shape[0]} != {step.batch} requests")
                 packed = torch.stack([token.to(torch.int32), conf.float().view(torch.int32)])
@@ -336,8 +424,10 @@ class DynamicDraftPatch(Patch):
                 done = step.ctl.observe(j, host[0].tolist(), host[1].view(np.float32).tolist())
                 patch.slots_observed += 1
             except Exception as exc:
-                # stock sampling for this slot and the rest of the step: propose sees the
-                # latch and returns stock's own draft
+                if tp > 1:  # past the exchange: no way to agree within this step (module doc)
+                    raise RuntimeError(f"radiance dynamic-draft: fault after the TP exchange, on one rank "
+                                       f"({type(exc).__name__}: {exc}); stopping rather than splitting the ranks") \
+                        from exc
                 patch.latch_off(f"draft slot: {type(exc).__name__}: {exc}")
                 return orig(self, hidden_states, sampling_metadata)
             if done:
@@ -346,40 +436,74 @@ class DynamicDraftPatch(Patch):
 
         return _sample_draft_tokens
 
+    def _head_of(self, model):
+        """(logits processor, head, shard) when drafts can be taken from vocabulary shards, else None."""
+        lp = getattr(model, "logits_processor", None)
+        head = getattr(model, "lm_head", None)
+        shard = getattr(head, "shard_indices", None)
+        ok = (self.local_vocab and lp is not None and shard is not None
+              and getattr(lp, "scale", None) == 1.0
+              and getattr(lp, "soft_cap", 0.0) is None
+              and not getattr(lp, "logits_as_input", True)
+              and shard.num_added_elements == 0)
+        return (lp, head, shard) if ok else None
+
     def _top1(self, proposer, hidden_states) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stock greedy token (argmax of the draft logits, lowest id on ties) and its
-        probability. At TP>1 from vocabulary shards, without gathering the rows."""
+        """TP=1: the stock greedy token (argmax of the draft logits, lowest id on ties) and its
+        probability."""
+        logits = proposer.model.compute_logits(hidden_states)
+        return sample_top1(logits, 0, logits.shape[-1])
+
+    def _top1_collective(self, proposer, hidden_states, step: _Step):
+        """TP>1: (token, confidence, faulted ranks, this rank's fault) for one draft slot. Every rank
+        reaches the same exchange whatever happened locally; a rank with a fault (pending, a poisoned
+        step, or raised here before the exchange) sends NaN, and ``faulted`` is the same list on every
+        rank. With the head readable by shard the exchange is the three per-row stats (the token
+        without gathering the rows); otherwise a one-flag gather before vLLM's gathered logits."""
         from vllm.distributed import (get_tensor_model_parallel_world_size,
                                       tensor_model_parallel_all_gather)
 
         model = proposer.model
         tp = get_tensor_model_parallel_world_size()
-        lp = getattr(model, "logits_processor", None)
-        head = getattr(model, "lm_head", None)
-        shard = getattr(head, "shard_indices", None)
-        local_ok = (tp > 1 and self.local_vocab
-                    and lp is not None and shard is not None
-                    and getattr(lp, "scale", None) == 1.0
-                    and getattr(lp, "soft_cap", 0.0) is None
-                    and not getattr(lp, "logits_as_input", True)
-                    and shard.num_added_elements == 0)
-        if not local_ok:
-            # stock logits (gathered at TP>1 when the head is not one we can read by shard)
-            logits = model.compute_logits(hidden_states)
-            return sample_top1(logits, 0, logits.shape[-1])
-        check_vocab(lp.org_vocab_size)
+        b = int(hidden_states.shape[0])
+        local_reason = self.fault_pending if (self.fault_pending or step.poisoned) else None
+        if step.poisoned and local_reason is None:
+            local_reason = "step preparation failed"
+        head = self._head_of(model)
+        if head is None:
+            flag = hidden_states.new_zeros((1, 1), dtype=torch.float32)
+            if local_reason:
+                flag.fill_(float("nan"))
+            flags = tensor_model_parallel_all_gather(flag, dim=-1).view(tp)
+            faulted = [r for r in range(tp) if torch.isnan(flags[r]).item()]
+            if faulted:
+                return None, None, faulted, local_reason
+            logits = model.compute_logits(hidden_states)  # stock: gathered rows
+            token, conf = sample_top1(logits, 0, logits.shape[-1])
+            return token, conf, [], None
+        lp, lm_head, shard = head
         if not getattr(proposer, "_radiance_local_vocab_logged", False):
             proposer._radiance_local_vocab_logged = True
             logger.info("radiance: dynamic-draft samples drafts from vocabulary shards (TP=%d, "
                         "3 floats per row exchanged)", tp)
-        local = lp._apply_head(head, hidden_states, None)
-        local = local.reshape(-1, local.shape[-1])
-        b = local.shape[0]
-
-        def gather(stats):
-            return tensor_model_parallel_all_gather(stats.contiguous(), dim=-1).view(b, tp, 3)
-
-        return sample_top1(local, shard.org_vocab_start_index, shard.num_org_elements, gather)
+        stats = None
+        if not local_reason:
+            try:
+                check_vocab(lp.org_vocab_size)
+                local = lp._apply_head(lm_head, hidden_states, None)
+                stats = shard_stats(local.reshape(-1, local.shape[-1]), shard.org_vocab_start_index,
+                                    shard.num_org_elements)
+            except Exception as exc:
+                local_reason = f"draft slot: {type(exc).__name__}: {exc}"
+        if stats is None:
+            stats = hidden_states.new_full((b, 3), float("nan"), dtype=torch.float32)
+        gathered = tensor_model_parallel_all_gather(stats.contiguous(), dim=-1).view(b, tp, 3)
+        bad = torch.isnan(gathered[..., 0]).any(dim=0) if b else gathered.new_zeros(tp, dtype=torch.bool)
+        faulted = [r for r in range(tp) if bool(bad[r])]
+        if faulted:
+            return None, None, faulted, local_reason
+        token, conf = combine(gathered)
+        return token, conf, [], None
 
     def _make_propose(self, orig):
         patch = self
@@ -405,8 +529,9 @@ class DynamicDraftPatch(Patch):
                     return step.drafts
                 return _full_width(step.drafts, step, self.device)
             except Exception as exc:
-                # the loop already broke: the MTP tokens drafted so far are a valid draft
-                patch.latch_off(f"draft assembly: {type(exc).__name__}: {exc}")
+                # the loop already broke: the MTP tokens drafted so far are a valid draft (the same
+                # on every rank); the fault is carried to every rank at the next exchange
+                patch.fault(f"draft assembly: {type(exc).__name__}: {exc}")
                 step.drafts = None
                 mtp = torch.tensor(list(zip(*step.ctl.mtp)), dtype=torch.int64, device=self.device)
                 return mtp if step.ragged else _pad_width(mtp, step.k)
@@ -414,6 +539,7 @@ class DynamicDraftPatch(Patch):
         return propose
 
 
+_PROBABILISTIC = "draft sampling is probabilistic and a request is not greedy"
 _V2_REASON = ("vLLM built Model Runner V2, whose MTP proposer this patch does not hook: stock "
               "MTP. Set VLLM_USE_V2_MODEL_RUNNER=0 to use dynamic-draft")
 

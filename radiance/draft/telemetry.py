@@ -1,19 +1,14 @@
 """What the dynamic-draft controller did, as counters.
 
-The controller runs inside vLLM's worker process, the endpoint's /metrics is served by another
-process, so the counters leave the worker as a small JSON file in RADIANCE_REPORT_DIR
-(``draft-<pid>.json``, rewritten at most once a second and on exit). Whoever serves /metrics or
-``radiance status`` sums the files with ``merge`` and renders them with ``render_prometheus``.
-Only one rank of a TP group records, so nothing is counted twice.
+The controller runs inside vLLM's worker; the counters leave it through vLLM's own channel
+(radiance/report): TP rank 0 attaches the change since the last step to its model-runner output,
+the engine core moves it into the step's spec-decoding stats, and the API server's Prometheus logger
+exports it next to ``vllm:spec_decode_*`` as the ``radiance:draft_*`` counters (``METRICS`` names
+them). Only one rank of a TP group records, so nothing is counted twice.
 """
 from __future__ import annotations
 
-import atexit
-import json
-import os
 import threading
-import time
-from typing import Iterable, Mapping
 
 from .controller import REASONS
 
@@ -29,43 +24,36 @@ FIELDS = (
     "fallback_steps",          # steps that ran stock MTP (controller declined or latched off)
 ) + tuple(f"stop_{r}" for r in REASONS)
 
-_PROM = {
-    "steps": ("radiance_draft_steps_total", "Decoding steps run by the dynamic-draft controller.", {}),
-    "drafts": ("radiance_draft_requests_total", "Request drafts produced.", {}),
-    "mtp_forwards_run": ("radiance_draft_mtp_forwards_total", "Serial MTP forwards.", {"state": "run"}),
-    "mtp_forwards_skipped": ("radiance_draft_mtp_forwards_total", "Serial MTP forwards.",
-                             {"state": "skipped"}),
-    "draft_tokens": ("radiance_draft_tokens_total", "Draft tokens proposed.", {"source": "all"}),
-    "ngram_tokens_proposed": ("radiance_draft_tokens_total", "Draft tokens proposed.",
+# field -> (Prometheus counter name without _total, help, labels)
+METRICS = {
+    "steps": ("radiance:draft_steps", "Decoding steps run by the dynamic-draft controller.", {}),
+    "drafts": ("radiance:draft_requests", "Request drafts produced.", {}),
+    "mtp_forwards_run": ("radiance:draft_mtp_forwards", "Serial MTP forwards.", {"state": "run"}),
+    "mtp_forwards_skipped": ("radiance:draft_mtp_forwards", "Serial MTP forwards.", {"state": "skipped"}),
+    "draft_tokens": ("radiance:draft_tokens", "Draft tokens proposed.", {"source": "all"}),
+    "ngram_tokens_proposed": ("radiance:draft_tokens", "Draft tokens proposed.", {"source": "ngram"}),
+    "draft_tokens_accepted": ("radiance:draft_tokens_accepted", "Draft tokens accepted.", {"source": "all"}),
+    "ngram_tokens_accepted": ("radiance:draft_tokens_accepted", "Draft tokens accepted.",
                               {"source": "ngram"}),
-    "draft_tokens_accepted": ("radiance_draft_tokens_accepted_total", "Draft tokens accepted.",
-                              {"source": "all"}),
-    "ngram_tokens_accepted": ("radiance_draft_tokens_accepted_total", "Draft tokens accepted.",
-                              {"source": "ngram"}),
-    "fallback_steps": ("radiance_draft_fallback_steps_total", "Steps that ran stock MTP.", {}),
+    "fallback_steps": ("radiance:draft_fallback_steps", "Steps that ran stock MTP.", {}),
 }
 for _r in REASONS:
-    _PROM[f"stop_{_r}"] = ("radiance_draft_stops_total", "Per-request draft stops by reason.",
-                           {"reason": _r})
+    METRICS[f"stop_{_r}"] = ("radiance:draft_stops", "Per-request draft stops by reason.", {"reason": _r})
 
 
 _STOP_FIELD = tuple(f"stop_{r}" for r in REASONS)  # indexed by the controller's reason codes
 
 
 class DraftCounters:
-    def __init__(self, report_dir: str | None = None, min_interval_s: float = 1.0) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._c = dict.fromkeys(FIELDS, 0)
-        self.report_dir = report_dir or None
-        self.min_interval_s = min_interval_s
-        self._last_write = 0.0
-        self._atexit = False
+        self._sent = dict.fromkeys(FIELDS, 0)
 
     def add(self, **deltas: int) -> None:
         with self._lock:
             for name, v in deltas.items():
                 self._c[name] += v
-        self._maybe_write()
 
     def record_step(self, ctl, k: int) -> None:
         """Count one finished controller step (a ``StepController`` whose ``drafts()`` ran)
@@ -81,7 +69,6 @@ class DraftCounters:
             c["ngram_tokens_proposed"] += ctl.tail_tokens
             for r in set(reasons):
                 c[_STOP_FIELD[r]] += reasons.count(r)
-        self._maybe_write()
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
@@ -91,68 +78,17 @@ class DraftCounters:
         with self._lock:
             self._c = dict.fromkeys(FIELDS, 0)
 
-    # -- export ------------------------------------------------------------------------
-    def _maybe_write(self, force: bool = False) -> None:
-        if not self.report_dir:
-            return
-        now = time.monotonic()
-        if not force and now - self._last_write < self.min_interval_s:
-            return
-        self._last_write = now
-        if not self._atexit:
-            self._atexit = True
-            atexit.register(self._maybe_write, True)
-        try:
-            os.makedirs(self.report_dir, exist_ok=True)
-            path = os.path.join(self.report_dir, f"draft-{os.getpid()}.json")
-            tmp = path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({"pid": os.getpid(), "time": time.time(), "counters": self.snapshot()}, f)
-            os.replace(tmp, path)
-        except OSError:
-            self.report_dir = None  # telemetry must never cost the server; stop trying
-
-
-def merge(snapshots: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    total = dict.fromkeys(FIELDS, 0)
-    for snap in snapshots:
-        for name in FIELDS:
-            total[name] += int(snap.get(name, 0))
-    return total
-
-
-def read_reports(report_dir: str) -> dict[str, int]:
-    """Sum of every ``draft-*.json`` in ``report_dir`` (unreadable files are skipped)."""
-    snaps = []
-    try:
-        names = os.listdir(report_dir)
-    except OSError:
-        return merge(())
-    for name in names:
-        if name.startswith("draft-") and name.endswith(".json"):
-            try:
-                with open(os.path.join(report_dir, name)) as f:
-                    snaps.append(json.load(f)["counters"])
-            except (OSError, ValueError, KeyError):
-                continue
-    return merge(snaps)
-
-
-def render_prometheus(counters: Mapping[str, int]) -> str:
-    """Prometheus text exposition of the counters (one HELP/TYPE per metric family)."""
-    families: dict[str, tuple[str, list[str]]] = {}
-    for name in FIELDS:
-        metric, help_text, labels = _PROM[name]
-        lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        sample = f"{metric}{{{lab}}} {int(counters.get(name, 0))}" if lab else \
-            f"{metric} {int(counters.get(name, 0))}"
-        families.setdefault(metric, (help_text, []))[1].append(sample)
-    lines = []
-    for metric, (help_text, samples) in families.items():
-        lines.append(f"# HELP {metric} {help_text}")
-        lines.append(f"# TYPE {metric} counter")
-        lines.extend(samples)
-    return "\n".join(lines) + "\n"
+    def take_deltas(self) -> list[tuple[str, dict, int, str]]:
+        """(counter name, labels, increase since the last call, help) for every counter that moved."""
+        with self._lock:
+            out = []
+            for name in FIELDS:
+                d = self._c[name] - self._sent[name]
+                if d:
+                    metric, doc, labels = METRICS[name]
+                    out.append((metric, labels, d, doc))
+                    self._sent[name] = self._c[name]
+            return out
 
 
 def summary(counters: Mapping[str, int]) -> dict[str, float]:

@@ -27,7 +27,7 @@ import functools
 import logging
 
 from .. import envs
-from ..patching import Patch, resolve
+from ..patching import Outcome, Patch, report, resolve
 from . import contract, gdn
 from .plan import find_core, plan_stream, taps_of
 
@@ -56,8 +56,16 @@ def fused_allreduce_wanted(tp: int) -> bool:
         return False
 
 
+PATCH_NAME = "fp8_stream.decoder_contract"
+
+
+def _record(status: str, reason: str) -> None:
+    report().record(Outcome(PATCH_NAME, "fp8_stream", status, reason))
+
+
 def install_on(model, sizes=None) -> str:
-    """Plan and install on ``model``; returns the one-line outcome that was logged."""
+    """Plan and install on ``model``; returns the one-line outcome that was logged (and recorded: what
+    the plan did is the feature's outcome on this rank, not merely that the hooks are in)."""
     core = find_core(model)
     if core is None:
         return "not a Qwen3-Next model"  # the drafter, other architectures: nothing to do
@@ -66,10 +74,12 @@ def install_on(model, sizes=None) -> str:
     if plan.declined:
         line = f"fp8-stream declined, stock contract: {plan.declined}"
         logger.warning("radiance: %s", line)
+        _record("declined", plan.declined)
         return line
     done = contract.install(core, plan, gdn_norm_quant=gdn.enabled(), fused=fused_allreduce_wanted(tp))
     line = f"fp8-stream installed: {done.summary()}"
     logger.info("radiance: %s", line)
+    _record("applied", done.summary())
     return line
 
 
@@ -84,15 +94,17 @@ def replan_for_taps(core, sizes=None) -> str | None:
     if plan.declined:
         line = f"fp8-stream taken off, stock contract: {plan.declined}"
         logger.warning("radiance: %s", line)
+        _record("declined", plan.declined)
         return line
     done = contract.install(core, plan, gdn_norm_quant=gdn.enabled(), fused=fused_allreduce_wanted(tp))
     line = f"fp8-stream installed again around the auxiliary hidden-state taps: {done.summary()}"
     logger.info("radiance: %s", line)
+    _record("applied", done.summary())
     return line
 
 
 class Fp8StreamPatch(Patch):
-    name = "fp8_stream.decoder_contract"
+    name = PATCH_NAME
     feature = "fp8_stream"
     enable_knob = "RADIANCE_FP8_STREAM"
     # Only class attributes of the loader and of the EAGLE mixin are replaced; the plan is
@@ -122,6 +134,14 @@ class Fp8StreamPatch(Patch):
         if norm is not GemmaRMSNorm:
             return f"Qwen3NextRMSNorm is {norm.__name__}, not GemmaRMSNorm: add_rms_quant reproduces the latter"
         return None
+
+    def on_ranks_disagree(self, model) -> str | None:
+        """Ranks that stream and ranks that do not would all-reduce partial sums against full ones:
+        every rank takes the contract off."""
+        core = find_core(model) if model is not None else None
+        if core is not None:
+            contract.uninstall(core)
+        return "fp8-stream taken off on every rank (stock contract)"
 
     def apply(self) -> None:
         loader_cls, _, load_model = resolve(self.hook_points[0])

@@ -37,6 +37,7 @@ import contextlib
 import importlib
 import importlib.util
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -496,9 +497,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="compile only variants whose name contains this")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--cache-dir", default=None, help="reuse results kept here for the same sources and Triton")
-    p.add_argument("--jobs", type=int, default=1, help="compile in this many processes")
+    p.add_argument("--jobs", type=int, default=1, help="compile in this many processes (0: one per CPU)")
     args = p.parse_args(argv)
-    results = cached_compile_all(args.arch, args.only, args.cache_dir, max(1, args.jobs))
+    jobs = (os.cpu_count() or 1) if args.jobs == 0 else max(1, args.jobs)
+    results = cached_compile_all(args.arch, args.only, args.cache_dir, jobs)
     if args.json:
         print(json.dumps({"arch": args.arch, "results": results}, indent=1))
     else:

@@ -17,9 +17,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_json(url: str, body: dict | None = None, timeout: float = 120) -> tuple[int, dict]:
+def http_json(url: str, body: dict | None = None, timeout: float = 120,
+              headers: dict | None = None) -> tuple[int, dict]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw = r.read()

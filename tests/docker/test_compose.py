@@ -76,7 +76,24 @@ def test_gateway_waits_for_a_healthy_engine_and_is_healthy_only_when_ready():
     assert "curl" not in " ".join(gw["healthcheck"]["test"])
     cmd = gw["command"]
     assert cmd[:2] == ["radiance", "gateway"] and "${RADIANCE_PROFILE:-profiles/tiny-cpu.yaml}" in cmd
-    assert cmd[cmd.index("--engine-url") + 1] == "http://engine:8000"
+    assert cmd[cmd.index("--engine-url") + 1] == "unix:/var/cache/radiance/run/engine.sock"
+
+
+def test_engine_reachable_only_through_the_shared_socket_volume():
+    """No TCP door to the engine (vLLM's key alone leaves /invocations open): its socket and its fresh key
+    live in a volume only the gateway also mounts."""
+    doc = load(COMPOSE)
+    engine, gateway = doc["services"]["engine"], doc["services"]["gateway"]
+    assert "expose" not in engine and "ports" not in engine
+    run = "engine-run:/var/cache/radiance/run"
+    assert run in engine["volumes"] and run in gateway["volumes"] and "engine-run" in doc["volumes"]
+    assert engine["environment"]["RADIANCE_ENGINE_UDS"] == "/var/cache/radiance/run/engine.sock"
+    key_file = engine["environment"]["RADIANCE_ENGINE_KEY_FILE"]
+    assert gateway["command"][gateway["command"].index("--engine-key-file") + 1] == key_file
+    for name in ("RADIANCE_ENGINE_UDS", "RADIANCE_ENGINE_KEY_FILE"):
+        assert name in envs.KNOBS
+    # the gateway gets the user's API key when the profile names it (server.api_key_env)
+    assert gateway["environment"]["RADIANCE_API_KEY"] == "${RADIANCE_API_KEY:-}"
 
 
 def test_profile_default_matches_the_knob():

@@ -1,5 +1,7 @@
 """`docker compose up` for the CPU variant on a real engine: the engine becomes healthy, the gateway
-runs the gate and only then turns ready, a completion goes through 127.0.0.1, `down` removes all."""
+runs the gate and only then turns ready, a completion goes through 127.0.0.1, the engine's own report
+(patch rows, radiance:* counters) reaches the gateway's /metrics and /radiance/status, the engine
+answers nothing over TCP, and `down` removes all."""
 from __future__ import annotations
 
 import os
@@ -8,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import netprobe
 from docker_helpers import free_port, http_json, wait_for
 
 pytestmark = pytest.mark.docker
@@ -58,7 +61,38 @@ def test_compose_cpu_stack(docker_client, cpu_image):
         assert body["usage"]["completion_tokens"] > 0
         ps = run("ps").stdout
         assert "healthy" in ps or "Up" in ps
+        _assert_report_reaches_the_gateway(url)
+        _assert_engine_answers_nothing_over_tcp(docker_client, project)
     finally:
         run("down", "-v", "--timeout", "60", timeout=300, check=False)
     left = docker_client.containers.list(all=True, filters={"label": f"com.docker.compose.project={project}"})
     assert left == []
+
+
+def _assert_report_reaches_the_gateway(url: str) -> None:
+    """What the plugin did inside the engine container, through vLLM's own stats and /metrics, seen by the
+    gateway container (they share no file)."""
+    import urllib.request
+
+    metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    steps = [ln for ln in metrics.splitlines() if ln.startswith("radiance:draft_steps_total")]
+    assert steps and float(steps[0].split()[-1]) > 0, steps  # the gate's traffic went through the controller
+    assert "radiance:patch_status{" in metrics
+    code, st = http_json(url + "/radiance/status")
+    assert code == 200, st
+    rows = {p["feature"]: p["status"] for p in st["patches"]}
+    assert rows == {"dynamic_draft": "applied", "w4_drafter": "applied", "int4_head": "applied",
+                    "fp8_stream": "disabled"}, st["patches"]
+    assert st["telemetry"].get("draft_steps", 0) > 0, st["telemetry"]
+    print(f"\n[compose] patches {rows}; telemetry {st['telemetry']}")
+
+
+def _assert_engine_answers_nothing_over_tcp(docker_client, project: str) -> None:
+    (engine,) = docker_client.containers.list(filters={"label": [f"com.docker.compose.project={project}",
+                                                                 "com.docker.compose.service=engine"]})
+    assert not engine.attrs["HostConfig"].get("PortBindings")
+    ip = next(n["IPAddress"] for n in engine.attrs["NetworkSettings"]["Networks"].values() if n["IPAddress"])
+    inside = sorted(set(netprobe.listening(engine.attrs["State"]["Pid"]).values()))
+    answers = netprobe.probe_all([(ip, p) for h, p in inside if not h.startswith("127.")])
+    assert not any(netprobe.answered_ok(line) for line in answers.values()), answers
+    assert answers == {}, answers   # vLLM's internal sockets on the container's loopback (VLLM_HOST_IP)

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from docker_helpers import free_port, http_json, wait_for
-from launcher import engine_args, images
+from docker_helpers import wait_for
+from launcher import engine_args, engine_link, images
 from launcher.profile import load_profile
 from launcher.runtime.base import EngineSpec
 from launcher.runtime.docker import LABEL_DEPLOYMENT, DockerRuntime
@@ -25,7 +25,7 @@ def test_image_labels(docker_client, cpu_image):
     assert labels["radiance.arch"] == images.default_arch("cpu")
     cfg = docker_client.images.get(cpu_image).attrs["Config"]
     assert cfg["User"] == "radiance"
-    assert "/health" in " ".join(cfg["Healthcheck"]["Test"])
+    assert cfg["Healthcheck"]["Test"][-2:] == ["radiance-engine", "--health"]
 
 
 def test_image_has_no_wheelhouse_and_imports_qwen35(docker_client, cpu_image):
@@ -39,50 +39,66 @@ def test_image_has_no_wheelhouse_and_imports_qwen35(docker_client, cpu_image):
 
 
 def test_engine_in_container_serves_and_stops_clean(docker_client, cpu_image, tiny_model, tmp_path):
+    """The docker runtime's engine: no port at all, its socket in our private directory (the container
+    runs as the image's user, with our group), its key required on /v1."""
+    import httpx
+
     profile = load_profile("profiles/tiny-cpu.yaml")
-    port = free_port()
-    report_dir = tmp_path / "patches"
-    cfg = engine_args.build(profile, platform="cpu", host="0.0.0.0", port=port, model_arg=str(tiny_model),
-                            model_dir=tiny_model, report_dir=report_dir)
-    deployment = f"test-docker-{port}"
-    spec = EngineSpec(deployment=deployment, server_args=cfg.server_args, env=cfg.env, host="127.0.0.1",
-                      port=port, platform="cpu", log_path=tmp_path / "engine.log", report_dir=report_dir,
-                      model_dir=tiny_model, image=cpu_image, secret_env={"HF_TOKEN": "hf_not_a_real_token"})
+    sock_dir = engine_link.private_socket_dir(group_access=True)
+    sock = str(sock_dir / engine_link.SOCKET_NAME)
+    key = engine_link.new_key()
+    cfg = engine_args.build(profile, platform="cpu", uds=sock, engine_key=key, model_arg=str(tiny_model),
+                            model_dir=tiny_model)
+    deployment = f"test-docker-{sock_dir.name}"
+    spec = EngineSpec(deployment=deployment, server_args=cfg.server_args, env=cfg.env, socket_dir=sock_dir,
+                      platform="cpu", log_path=tmp_path / "engine.log", model_dir=tiny_model, image=cpu_image,
+                      secret_env={**cfg.secret_env, "HF_TOKEN": "hf_not_a_real_token"})
     runtime = DockerRuntime(docker_client)
     handle = runtime.start(spec)
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://engine", timeout=60)
     try:
         container = docker_client.containers.get(handle.ident)
         assert container.labels[LABEL_DEPLOYMENT] == deployment
-        bindings = container.attrs["HostConfig"]["PortBindings"][f"{port}/tcp"]
-        assert bindings == [{"HostIp": "127.0.0.1", "HostPort": str(port)}]
+        assert not container.attrs["HostConfig"].get("PortBindings")
         assert container.attrs["HostConfig"]["IpcMode"] == "host"
 
         def healthy():
             assert runtime.alive(handle), "engine container exited:\n" + "\n".join(list(runtime.logs(handle))[-40:])
-            return http_json(f"http://127.0.0.1:{port}/health", timeout=5)[0] == 200
+            try:
+                return http.get("/health").status_code == 200
+            except httpx.TransportError:
+                return False
 
         t0 = time.monotonic()
-        wait_for(healthy, 900, "the engine's /health")
+        wait_for(healthy, 900, "the engine's /health over its socket")
         load_s = time.monotonic() - t0
-        status, body = http_json(f"http://127.0.0.1:{port}/v1/completions",
-                                 {"model": profile.served_name(), "prompt": "def fibonacci(n):", "max_tokens": 8,
-                                  "temperature": 0})
-        assert status == 200, body
+        assert http.get("/v1/models").status_code == 401          # the key is the second lock
+        auth = {"Authorization": f"Bearer {key}"}
+        r = http.post("/v1/completions", headers=auth, json={
+            "model": profile.served_name(), "prompt": "def fibonacci(n):", "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+        body = r.json()
         assert body["usage"]["completion_tokens"] > 0 and isinstance(body["choices"][0]["text"], str)
         print(f"\n[docker] engine healthy after {load_s:.0f} s; completion {body['choices'][0]['text']!r}")
 
-        # The image's HEALTHCHECK (python, no curl) agrees.
+        # The image's HEALTHCHECK (radiance-engine --health, over the same socket) agrees.
         def docker_says_healthy():
             container.reload()
             return container.attrs["State"].get("Health", {}).get("Status") == "healthy"
         wait_for(docker_says_healthy, 60, "docker's health status")
-        # The plugin ran inside the container and wrote its report through the bind mount.
-        assert list(report_dir.glob("patches-*.json")), "no patch report from the engine"
+        # The plugin ran inside the container and the engine itself serves what it did (its /metrics):
+        # nothing is written back to the host.
+        metrics = http.get("/metrics").text
+        rows = [ln for ln in metrics.splitlines() if ln.startswith("radiance:patch_status{")]
+        assert any('feature="dynamic_draft"' in ln and 'status="applied"' in ln for ln in rows), rows[:8]
+        assert "radiance:draft_steps_total" in metrics
         assert any("vllm" in line.lower() for line in runtime.logs(handle))
     finally:
+        http.close()
         runtime.stop(handle, timeout=30)
+        engine_link.remove_socket_dir(sock_dir)
     assert not runtime.alive(handle)
     assert runtime.containers(deployment) == []
     text = spec.log_path.read_text()
-    assert "hf_not_a_real_token" not in text
+    assert "hf_not_a_real_token" not in text and key not in text
     assert "Application startup complete" in text or "Starting vLLM" in text

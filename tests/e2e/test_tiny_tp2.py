@@ -9,10 +9,17 @@ served once and asked the same greedy questions through the gateway, alone and 8
   (fp8-stream against the same radiance_fp8 linears without the contract is expected to be exact: the
   epilogue and the stock path quantise with the same arithmetic; int4-head is gated, not asserted).
 The comparison servers skip the gate (`--skip-gate`): what they are for is their tokens.
+
+One more server runs all four with a fault injected into dynamic-draft's per-slot capture on TP rank 1
+only (tests/e2e/inject_fault: a sitecustomize on the engine's PYTHONPATH, set through that variant's
+profile env and so in no other process, launcher or production): every rank must turn dynamic-draft off
+together at the same draft slot -- no hang (each request is bounded), no split -- and keep serving the
+same tokens, with `radiance status` naming the rank that faulted.
 """
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,13 +49,17 @@ VARIANTS = {  # name -> features turned off (the rest as the profile ships them)
     "fp8_only": {"dynamic_draft": False, "w4_drafter": False, "int4_head": False},
     "stock": OFF,
 }
+FAULT_ENV = {"E2E_FAULT_RANK": "1", "E2E_FAULT_AFTER": "40",
+             "PYTHONPATH": str(Path(__file__).resolve().parent / "inject_fault")}
 
 
-def _variant_profile(tmp: Path, name: str, off: dict, profile: Path = PROFILE) -> Path:
+def _variant_profile(tmp: Path, name: str, off: dict, profile: Path = PROFILE, env: dict | None = None) -> Path:
     data = yaml.safe_load(profile.read_text())
     data["name"] = f"{data['name']}-{name}".replace("_", "-")
     for feature, value in off.items():
         data["features"][feature] = value
+    if env:  # the engine's environment only (the profile's env:), never the launcher's
+        data.setdefault("env", {}).update(env)
     path = tmp / f"{data['name']}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -62,11 +73,16 @@ def _complete(base: str, prompt: str, model: str = "tiny-tp2") -> list[int]:
     return list(r.json()["choices"][0]["token_ids"])
 
 
-def _serve(tmp_root: Path, name: str, off: dict, profile: Path = PROFILE, model: str = "tiny-tp2") -> dict:
-    """Bring the profile (with ``off`` turned off; those variants skip the gate) up once, ask every
-    prompt alone and then all at once, read its status and engine log, take it down."""
-    path = profile if not off else _variant_profile(tmp_root, name, off, profile)
-    args = () if not off else ("--skip-gate",)
+def _serve(tmp_root: Path, name: str, off: dict, profile: Path = PROFILE, model: str = "tiny-tp2",
+           engine_env: dict | None = None) -> dict:
+    """Bring the profile (with ``off`` turned off; those variants, and any with ``engine_env``, skip the
+    gate) up once, ask every prompt alone and then all at once, read its status and engine log, take it
+    down."""
+    env = dict(engine_env or {})
+    if "PYTHONPATH" in env and os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
+    path = profile if not (off or env) else _variant_profile(tmp_root, name, off, profile, env)
+    args = () if not (off or env) else ("--skip-gate",)
     dep = start(tmp_root / name, str(path), args=args)
     try:
         assert dep.up.returncode == 0, f"{name}: radiance up exited {dep.up.returncode}:\n{dep.up.stdout}\n" \
@@ -86,7 +102,9 @@ def served(tmp_path_factory):
     if not (REPO / "models" / "tiny-qwen3.5-trained" / "model.safetensors").exists():
         pytest.skip("the trained tiny Qwen3.5 is not in models/")
     root = tmp_path_factory.mktemp("tiny-tp2")
-    return {name: _serve(root, name, off) for name, off in VARIANTS.items()}
+    out = {name: _serve(root, name, off) for name, off in VARIANTS.items()}
+    out["fault"] = _serve(root, "fault", {}, engine_env=FAULT_ENV)
+    return out
 
 
 def _prefix_agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, list[int | None]]:
@@ -145,3 +163,22 @@ def test_report_int4_head_agreement(served, capsys):
                   f"token per prompt {first}")
     acc = next(c for c in served["all"]["status"]["gate"]["checks"] if c["name"] == "acceptance")
     print(f"[tiny tp2] gate acceptance with all four on: {acc['reason']}")
+
+
+def test_a_fault_on_one_rank_turns_dynamic_draft_off_on_every_rank_together(served):
+    got = served["fault"]
+    for mode in ("alone", "batch"):  # still serving, and the target still decides every token
+        assert got[mode] == served["target_only"][mode], mode
+    log = got["log"]
+    assert "injected fault (test)" in log, log[-3000:]
+    latched = [ln for ln in log.splitlines() if "dynamic_draft latched off at run time" in ln]
+    assert len(latched) == 2, latched  # rank 1 with its fault, rank 0 told by the exchange
+    assert any("fault on TP rank 1 at step" in ln and "injected fault" in ln for ln in latched), latched
+    assert any("TP rank(s) 1 faulted at step" in ln for ln in latched), latched
+    steps = {ln.split(" at step ")[1].split(":")[0].split(";")[0] for ln in latched}
+    assert len(steps) == 1, latched  # the same step on both ranks
+    patches = {p["feature"]: p for p in got["status"]["patches"] if p["feature"]}
+    assert patches["dynamic_draft"]["status"] == "failed-at-runtime", patches["dynamic_draft"]
+    assert "rank 1" in patches["dynamic_draft"]["reason"]
+    assert patches["fp8_stream"]["status"] == "applied"
+    assert got["status"]["ready"] is True

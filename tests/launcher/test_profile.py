@@ -107,7 +107,7 @@ def test_radiance_fp8_quantization_reaches_the_engine(tmp_path):
         .replace("  tp: 1", "  tp: 2").replace("  dynamic_draft: true", "  dynamic_draft: true\n  fp8_stream: true")
     prof = parse_profile(text, "x.yaml")
     cfg = engine_args.build(prof, platform="cpu", host="127.0.0.1", port=8000, model_arg="/m",
-                            model_dir=None, report_dir=tmp_path, environ={})
+                            model_dir=None, environ={})
     args = cfg.server_args
     assert args[args.index("--quantization") + 1] == "radiance_fp8"
     assert cfg.env["RADIANCE_FP8_STREAM"] == "1" and cfg.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
@@ -121,8 +121,29 @@ def test_gdn_norm_quant_rides_on_fp8_stream(tmp_path):
     on = parse_profile(base.replace("  dynamic_draft: true", "  dynamic_draft: true\n  fp8_stream:\n"
                                     "    enabled: true\n    gdn_norm_quant: true"), "x.yaml")
     cfg = engine_args.build(on, platform="cpu", host="127.0.0.1", port=8000, model_arg="/m",
-                            model_dir=None, report_dir=tmp_path, environ={})
+                            model_dir=None, environ={})
     assert cfg.env["RADIANCE_GDN_NORM_QUANT"] == "1"
     line = _error(base.replace("  dynamic_draft: true", "  dynamic_draft: true\n  fp8_stream:\n"
                                "    gdn_norm_quant: true"))
     assert "features.fp8_stream" in line and "gdn_norm_quant" in line and "fix:" in line, line
+
+
+def test_engine_listens_on_its_socket_with_the_key_kept_out_of_argv():
+    from launcher import engine_args
+
+    prof = parse_profile(GOOD, "x.yaml")
+    cfg = engine_args.build(prof, platform="cpu", uds="/run/r/engine.sock", engine_key="k-123", model_arg="/m",
+                            model_dir=None, environ={"HF_TOKEN": "hf_x"})
+    args = cfg.server_args
+    assert args[args.index("--uds") + 1] == "/run/r/engine.sock"
+    assert "--host" not in args and "--port" not in args and "k-123" not in " ".join(args)
+    assert cfg.secret_env == {"HF_TOKEN": "hf_x", "VLLM_API_KEY": "k-123"}
+    # vLLM's internal sockets on loopback, not on whatever address get_ip() finds
+    assert (cfg.env["VLLM_HOST_IP"], cfg.env["GLOO_SOCKET_IFNAME"], cfg.env["NCCL_SOCKET_IFNAME"]) == \
+        ("127.0.0.1", "lo", "lo")
+
+
+def test_launcher_owned_vllm_flags_are_refused():
+    for flag in ("uds", "api-key", "host", "port"):
+        line = _error(GOOD + f"vllm_args:\n  {flag}: x\n")
+        assert "vllm_args" in line and flag in line and "fix:" in line, line

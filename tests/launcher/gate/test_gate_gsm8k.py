@@ -12,19 +12,14 @@ from launcher.gate import gsm8k
 from launcher.gate.gsm8k import (extract_flexible, extract_last_number, extract_strict, gold_answer, same_number,
                                  score, wilson_interval)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-SHARED = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
+PACKAGED = gsm8k.PACKAGED_DIR
+# launcher/data/gsm8k/SOURCE.md: the upstream files these are, byte for byte.
+TEST_SHA256 = "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"
+SHOTS_SHA256 = "5cf05b0ccca50349f5f5185a439502ec50117d1021ec7dfce2f09dd2083f9a25"
 
 
 def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-@pytest.fixture(scope="module")
-def shared_dir() -> Path:
-    if not (SHARED / "train.jsonl").is_file():
-        pytest.skip(f"GSM8K not found at {SHARED} (the repo's sibling ../shared/data/gsm8k)")
-    return SHARED
 
 
 def _assert_extracts_gold(rows: list[dict]) -> None:
@@ -34,39 +29,28 @@ def _assert_extracts_gold(rows: list[dict]) -> None:
 
 
 def test_extractor_returns_gold_for_all_packaged_test_answers():
-    rows = _rows(gsm8k.PACKAGED_DIR / "test.jsonl")
+    rows = _rows(PACKAGED / "test.jsonl")
     assert len(rows) == 1319
     _assert_extracts_gold(rows)
-
-
-def test_extractor_returns_gold_for_all_shared_test_and_train_answers(shared_dir):
-    test, train = _rows(shared_dir / "test.jsonl"), _rows(shared_dir / "train.jsonl")
-    assert (len(test), len(train)) == (1319, 7473)
-    _assert_extracts_gold(test)
-    _assert_extracts_gold(train)
+    _assert_extracts_gold(_rows(PACKAGED / "train_shots.jsonl"))
     # The negative gold answers are the ones the upstream \d+ extractor can never score.
-    negatives = [gold_answer(r["answer"]) for r in test + train if gold_answer(r["answer"]).startswith("-")]
-    assert len(negatives) == 5
+    assert sum(gold_answer(r["answer"]).startswith("-") for r in rows) == 2
 
 
-def test_strict_and_flexible_return_gold_for_all_answers(shared_dir):
-    for r in _rows(shared_dir / "test.jsonl") + _rows(shared_dir / "train.jsonl"):
+def test_strict_and_flexible_return_gold_for_all_answers():
+    for r in _rows(PACKAGED / "test.jsonl") + _rows(PACKAGED / "train_shots.jsonl"):
         gold = gold_answer(r["answer"])
         assert extract_strict(r["answer"]) == gold
         assert extract_flexible(r["answer"]) == gold
 
 
-def test_packaged_copy_matches_shared(shared_dir):
-    packaged = (gsm8k.PACKAGED_DIR / "test.jsonl").read_bytes()
-    assert packaged == (shared_dir / "test.jsonl").read_bytes()
-    shots = (gsm8k.PACKAGED_DIR / "train_shots.jsonl").read_text(encoding="utf-8").splitlines()
-    assert shots == (shared_dir / "train.jsonl").read_text(encoding="utf-8").splitlines()[:5]
-
-
 def test_packaged_copy_is_the_documented_file():
-    digest = hashlib.sha256((gsm8k.PACKAGED_DIR / "test.jsonl").read_bytes()).hexdigest()
-    assert digest == "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"
-    assert (gsm8k.PACKAGED_DIR / "LICENSE").is_file()
+    """Pinned to upstream's bytes (SOURCE.md), wherever the repository is checked out."""
+    assert hashlib.sha256((PACKAGED / "test.jsonl").read_bytes()).hexdigest() == TEST_SHA256
+    assert hashlib.sha256((PACKAGED / "train_shots.jsonl").read_bytes()).hexdigest() == SHOTS_SHA256
+    source = (PACKAGED / "SOURCE.md").read_text()
+    assert TEST_SHA256 in source and SHOTS_SHA256 in source
+    assert (PACKAGED / "LICENSE").is_file()
 
 
 @pytest.mark.parametrize("response, expected", [
@@ -166,9 +150,17 @@ def test_subset_is_fixed_by_seed_and_sorted():
     assert gsm8k.select(1319, None, seed=0) == list(range(1319))
 
 
-def test_data_dir_override_and_errors(tmp_path, shared_dir):
-    data = gsm8k.load(str(shared_dir), 8)
-    assert len(data.shots) == 8 and len(data.test) == 1319 and data.origin == str(shared_dir)
+def test_data_dir_override_and_errors(tmp_path):
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "test.jsonl").write_bytes((PACKAGED / "test.jsonl").read_bytes())
+    shots = (PACKAGED / "train_shots.jsonl").read_text(encoding="utf-8").splitlines()
+    (own / "train.jsonl").write_text("\n".join(shots + shots) + "\n", encoding="utf-8")  # 10 examples
+    data = gsm8k.load(str(own), 8)
+    assert len(data.shots) == 8 and len(data.test) == 1319 and data.origin == str(own)
+    assert data.test_sha256 == TEST_SHA256
+    with pytest.raises(gsm8k.Gsm8kDataError, match="has 10 examples, 11 shots"):
+        gsm8k.load(str(own), 11)
     with pytest.raises(gsm8k.Gsm8kDataError, match="test.jsonl not found"):
         gsm8k.load(str(tmp_path), 5)
     (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": "#### 1"}\nnot json\n')

@@ -1,11 +1,8 @@
-"""Draft counters: what a step adds, the report file, the Prometheus rendering."""
+"""Draft counters: what a step adds, and the increases the report channel takes from them."""
 from __future__ import annotations
 
-import json
-
 from radiance.draft.controller import DraftPolicy, StepController
-from radiance.draft.telemetry import (DraftCounters, merge, read_reports, render_prometheus,
-                                      summary)
+from radiance.draft.telemetry import METRICS, DraftCounters, summary
 
 
 def _step():
@@ -18,8 +15,8 @@ def _step():
     return ctl
 
 
-def test_record_step_counts(tmp_path):
-    c = DraftCounters(report_dir=str(tmp_path), min_interval_s=0.0)
+def test_record_step_counts():
+    c = DraftCounters()
     c.record_step(_step(), k=4)
     c.add(draft_tokens_accepted=3, ngram_tokens_accepted=2)
     snap = c.snapshot()
@@ -28,27 +25,23 @@ def test_record_step_counts(tmp_path):
     assert snap["draft_tokens"] == 4 + 2
     assert snap["ngram_tokens_proposed"] == 4
     assert snap["stop_ngram"] == 1 and snap["stop_tau"] == 1
-    files = list(tmp_path.glob("draft-*.json"))
-    assert len(files) == 1 and json.loads(files[0].read_text())["counters"] == snap
-    assert read_reports(str(tmp_path)) == snap
     s = summary(snap)
     assert s["forwards_skipped_fraction"] == 0.5
     assert s["acceptance_rate"] == 0.5
 
 
-def test_prometheus_text_and_merge():
-    a = {"steps": 2, "mtp_forwards_run": 5, "stop_tau": 1}
-    total = merge([a, a])
-    text = render_prometheus(total)
-    assert "radiance_draft_steps_total 4" in text
-    assert 'radiance_draft_mtp_forwards_total{state="run"} 10' in text
-    assert 'radiance_draft_stops_total{reason="tau"} 2' in text
-    assert text.count("# TYPE radiance_draft_mtp_forwards_total counter") == 1
-
-
-def test_unwritable_report_dir_is_not_fatal(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    c = DraftCounters(report_dir=str(blocker / "sub"), min_interval_s=0.0)
+def test_take_deltas_gives_each_increase_once_named_for_prometheus():
+    c = DraftCounters()
     c.record_step(_step(), k=4)
-    assert c.report_dir is None and c.snapshot()["steps"] == 1
+    first = {(name, tuple(sorted(labels.items()))): d for name, labels, d, _ in c.take_deltas()}
+    assert first[("radiance:draft_steps", ())] == 1
+    assert first[("radiance:draft_mtp_forwards", (("state", "skipped"),))] == 2
+    assert first[("radiance:draft_stops", (("reason", "tau"),))] == 1
+    assert c.take_deltas() == []  # nothing new
+    c.add(steps=2)
+    assert [(n, d) for n, _, d, _ in c.take_deltas()] == [("radiance:draft_steps", 2)]
+    # one metric family, one label set per field
+    families: dict[str, set] = {}
+    for name, labels, _ in ((m, tuple(sorted(l)), d) for m, d, l in METRICS.values()):
+        families.setdefault(name, set()).add(labels)
+    assert all(len(v) == 1 for v in families.values()), families

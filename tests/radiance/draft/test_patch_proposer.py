@@ -154,3 +154,75 @@ def test_step_gate_declines_what_it_does_not_handle():
     del drafter.use_local_argmax_reduction  # missing means unsupported, never fine
     runner.speculative_config.method = "mtp"
     assert gate(runner, greedy, 8) is not None
+
+
+# --- one truth across ranks (TP > 1) ------------------------------------------------------------
+
+def _as_rank(monkeypatch, rank: int, world: int = 2):
+    monkeypatch.setattr(pp.DynamicDraftPatch, "_tp", staticmethod(lambda: (world, rank)))
+
+
+def test_at_tp2_a_local_fault_waits_for_the_exchange(patch, monkeypatch, caplog):
+    _as_rank(monkeypatch, 1)
+    patch.fault("capture raised")
+    assert not patch.latched_off and patch.fault_pending == "capture raised"
+    assert "every rank turns it off together at the next draft slot" in caplog.text
+    _as_rank(monkeypatch, 0, world=1)
+    other = pp.DynamicDraftPatch()
+    other.fault("boom")
+    assert other.latched_off  # TP=1: nobody to agree with
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_exchange_latches_every_rank_at_the_same_slot(patch, monkeypatch, rank):
+    """The slot's exchange said rank 1 faulted: whichever rank this is, it latches at that slot and
+    the rest of the step is stock MTP (the same forwards as its peer)."""
+    _as_rank(monkeypatch, rank)
+    tokens = [[10, 20], [11, 21], [12, 22], [13, 23]]
+    fake = FakeProposer(tokens, [[0.9, 0.9]] * 4)
+    if rank == 1:
+        patch.fault_pending = "injected"
+    seen = []
+
+    def exchange(proposer, hidden, step):
+        seen.append(step.slot)
+        if step.slot == 1:
+            return None, None, [1], "injected" if rank == 1 else None
+        return (torch.tensor(tokens[proposer.forwards - 1]), torch.tensor([0.9, 0.9]), [], None)
+
+    monkeypatch.setattr(patch, "_top1_collective", exchange)
+    fake._sample_draft_tokens = types.MethodType(patch._make_sample(FakeProposer.stock_sample), fake)
+    propose = types.MethodType(patch._make_propose(FakeProposer.stock_propose), fake)
+    start(fake, 4, [[-1] * 4, [-1] * 4], [0, 0], ragged=False)
+    out = propose(4)
+    assert patch.latched_off and seen == [0, 1]
+    assert fake.forwards == 4 and out.tolist() == [[10, 11, 12, 13], [20, 21, 22, 23]]
+    if rank == 1:
+        assert "fault on TP rank 1" in patch.latch_reason and "injected" in patch.latch_reason
+    else:
+        assert "TP rank(s) 1 faulted" in patch.latch_reason
+    assert patch.fault_pending is None
+
+
+def test_the_stats_exchange_carries_a_peer_fault(patch, monkeypatch):
+    """The local-vocabulary exchange itself: this rank healthy, its peer sent NaN stats."""
+    import vllm.distributed as dist
+
+    _as_rank(monkeypatch, 0)
+    monkeypatch.setattr(dist, "get_tensor_model_parallel_world_size", lambda: 2)
+    monkeypatch.setattr(dist, "tensor_model_parallel_all_gather",
+                        lambda t, dim=-1: torch.cat([t, torch.full_like(t, float("nan"))], dim=dim))
+    logits = torch.randn(3, 64)
+    shard = types.SimpleNamespace(org_vocab_start_index=0, num_org_elements=64, num_added_elements=0)
+    lp = types.SimpleNamespace(scale=1.0, soft_cap=None, logits_as_input=False, org_vocab_size=128,
+                               _apply_head=lambda head, h, bias: logits)
+    model = types.SimpleNamespace(logits_processor=lp, lm_head=types.SimpleNamespace(shard_indices=shard))
+    proposer = types.SimpleNamespace(model=model)
+    step = pp._Step(None, 4, 3, False, ["a", "b", "c"])
+    token, conf, faulted, why = patch._top1_collective(proposer, torch.zeros(3, 8), step)
+    assert token is None and faulted == [1] and why is None
+    # and a healthy peer: the combined token is the argmax over both shards (here: this one)
+    monkeypatch.setattr(dist, "tensor_model_parallel_all_gather",
+                        lambda t, dim=-1: torch.cat([t, torch.tensor([[-1e9, 1.0, 64.0]] * 3)], dim=dim))
+    token, conf, faulted, _ = patch._top1_collective(proposer, torch.zeros(3, 8), step)
+    assert faulted == [] and token.tolist() == logits.argmax(-1).tolist()

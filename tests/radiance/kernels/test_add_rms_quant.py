@@ -19,8 +19,6 @@ EPS = 1e-6
 # rsqrt and the variance's summation order may move it by one bf16 ulp (2^-8 relative).
 DTYPE_TOL = [(torch.bfloat16, 1e-5, 2.0 ** -7)]
 
-gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 
 
 def make_inputs(m, k, dtype=torch.bfloat16, device="cpu", seed=0):
@@ -214,8 +212,7 @@ def test_triton_interpreter_bit_exact(run_interpreted):
 
 # --- Triton vs reference on a GPU (bit for bit, across devices) ---------------------------
 
-@gpu
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("k", K_SIZES)
@@ -234,8 +231,7 @@ def test_triton_bit_exact_on_gpu(m, k, fmt, group):
         assert torch.equal(got[2].cpu(), want[2])
 
 
-@gpu
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_triton_bit_exact_on_gpu_edge_rows(fmt, group):
@@ -257,8 +253,7 @@ def test_triton_bit_exact_on_gpu_edge_rows(fmt, group):
         assert torch.equal(got[2].cpu(), want[2])
 
 
-@gpu
-@needs_gpu
+@pytest.mark.gpu
 def test_reference_on_gpu_equals_reference_on_cpu():
     y, r, w = make_inputs(64, 5120)
     a = arq.add_rms_quant_reference(y, r, w, EPS, 0, torch.float8_e4m3fn)

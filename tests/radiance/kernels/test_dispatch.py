@@ -9,8 +9,8 @@ from radiance.kernels import draft_confidence as dc
 from radiance.kernels import gdn_norm_quant as gnq
 from radiance.kernels import quant_fp8 as qf
 from radiance.kernels.dispatch import eager_gpu_call
+from torch.utils._python_dispatch import TorchDispatchMode
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 
 
 def same(got, want):
@@ -45,18 +45,30 @@ def test_traced_code_takes_the_op():
     assert seen == [False]
 
 
-def test_public_entries_on_cpu_equal_their_ops():
+class _OpsSeen(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+def test_public_entries_on_cpu_go_through_their_ops():
+    """On CPU the public entry must reach the registered op (what torch.compile and CUDA graphs record),
+    not a private shortcut: the dispatcher itself says which ops ran."""
     torch.manual_seed(0)
     y, r = torch.randn(4, 256, dtype=torch.bfloat16), torch.randn(4, 256, dtype=torch.bfloat16)
     w = torch.randn(256, dtype=torch.bfloat16)
-    same(arq.add_rms_quant(y, r, w, 1e-6),
-         torch.ops.radiance.add_rms_quant(y, r, w, 1e-6, 0, torch.float8_e4m3fn))
     logits = torch.randn(3, 1000)
-    same(dc.draft_confidence(logits), torch.ops.radiance.draft_confidence(logits, -1))
+    with _OpsSeen() as seen:
+        arq.add_rms_quant(y, r, w, 1e-6)
+        dc.draft_confidence(logits)
+    assert "radiance.add_rms_quant" in seen.ops and "radiance.draft_confidence" in seen.ops, seen.ops
 
 
 @pytest.mark.gpu
-@gpu
 def test_eager_gpu_entries_skip_the_dispatcher_and_match_the_ops():
     assert eager_gpu_call(torch.zeros(2, device="cuda"))
     assert not eager_gpu_call(torch.zeros(2, device="cuda"), torch.zeros(2))

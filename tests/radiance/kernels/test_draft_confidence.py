@@ -163,11 +163,9 @@ def test_aot_compiles(aot_arch, aot_specs, aot_compile):
         aot_compile(spec, aot_arch)
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("dtype,atol,rtol", DTYPES)
 @pytest.mark.parametrize("rows,cols,n_valid", SHAPES)
 def test_triton_equals_reference_on_gpu(rows, cols, n_valid, dtype, atol, rtol):
@@ -184,7 +182,6 @@ GPU_CONFIGS = [Config(1024, 1, 4, 8), Config(1024, 4, 4, 8, 3), Config(2048, 2, 
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows,cols,n_valid", [(8, 248320, -1), (64, 248320, 248320 - 3),
                                                (3, 70001, 69999)])
@@ -200,7 +197,6 @@ def test_launch_configs_on_gpu(rows, cols, n_valid, dtype):
 
 
 @pytest.mark.gpu
-@gpu
 def test_cuda_graph_replay_on_gpu():
     """Captured once, replayed on new contents: the counters reset inside every replay."""
     x = make_logits(8, 248320, torch.bfloat16, "cuda", 5)
@@ -216,14 +212,12 @@ def test_cuda_graph_replay_on_gpu():
 
 
 @pytest.mark.gpu
-@gpu
 def test_strided_rows_on_gpu():
     x = make_logits(6, 50000, torch.bfloat16, "cuda", 3)[:, 100:40100]
     check(draft_confidence_triton(x, -1), draft_confidence_reference(x, -1), 0.0, 3e-5)
 
 
 @pytest.mark.gpu
-@gpu
 def test_opcheck_gpu():
     torch.library.opcheck(torch.ops.radiance.draft_confidence,
                           (make_logits(8, 248320, torch.bfloat16, "cuda", 1), -1))

@@ -16,8 +16,6 @@ LAYOUTS = [("tensor", "tensor"), ("token", "channel"), ("token", "tensor"),
 # (out dtype, atol, rtol) against float64: fp32 accumulation noise, or one bf16 rounding.
 DTYPE_TOL = [(torch.float32, 1e-4, 1e-5), (torch.bfloat16, 1e-2, 2.0 ** -7)]
 
-gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 
 
 def make_problem(m, n, k, a_layout, w_layout, fmt=torch.float8_e4m3fn, seed=0):
@@ -118,8 +116,7 @@ HOPPER_FP8_TOL = 2.0 ** -11
 GPU_SHAPES = [(m, n, k) for m in (1, 8, 64, 512) for (n, k) in ((2048, 5120), (5120, 2048))]
 
 
-@gpu
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("a_layout,w_layout", LAYOUTS)
 @pytest.mark.parametrize("m,n,k", GPU_SHAPES)
 def test_triton_on_gpu(m, n, k, a_layout, w_layout):
@@ -135,8 +132,7 @@ def test_triton_on_gpu(m, n, k, a_layout, w_layout):
     torch.testing.assert_close(got16, want.to(torch.bfloat16), atol=1e-2, rtol=2.0 ** -7)
 
 
-@gpu
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("a_layout,w_layout", LAYOUTS)
 @pytest.mark.parametrize("m,n,k", GPU_SHAPES)
 def test_dispatcher_on_gpu(m, n, k, a_layout, w_layout):
@@ -149,8 +145,7 @@ def test_dispatcher_on_gpu(m, n, k, a_layout, w_layout):
         torch.testing.assert_close(direct, want, atol=1e-2 * want.abs().max().item(), rtol=2.0 ** -6)
 
 
-@gpu
-@needs_gpu
+@pytest.mark.gpu
 def test_scaled_mm_used_where_the_arch_has_it():
     a, sa, w, sw = [t.cuda() for t in make_problem(8, 2048, 2048, "token", "channel")]
     cap = torch.cuda.get_device_capability()

@@ -23,8 +23,6 @@ EPS = 1e-6
 # rsqrt and exp may differ in the last fp32 bit, moving a value by one bf16 ulp (2^-8).
 DTYPE_TOL = [(torch.bfloat16, 1e-6, 2.0 ** -7)]
 
-gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 
 
 def make_inputs(m, h, d, dtype=torch.bfloat16, device="cpu", seed=0, strided_z=True):
@@ -214,8 +212,7 @@ def test_triton_interpreter_bit_exact(run_interpreted):
 
 # --- Triton vs reference on a GPU ----------------------------------------------------------
 
-@gpu
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("h,d", HEADS)
@@ -231,8 +228,7 @@ def test_triton_bit_exact_on_gpu(m, h, d, fmt, group):
         assert torch.equal(got[1].cpu(), want[1])
 
 
-@gpu
-@needs_gpu
+@pytest.mark.gpu
 def test_reference_on_gpu_equals_reference_on_cpu():
     x, z, w = make_inputs(64, 16, 128)
     a = gnq.gdn_norm_quant_reference(x, z, w, EPS, 0, torch.float8_e4m3fn)

@@ -87,11 +87,9 @@ def test_aot_compiles(aot_arch, aot_specs, aot_compile):
         aot_compile(spec, aot_arch)
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("dtype,atol,rtol", EXACT)
 @pytest.mark.parametrize("rows,length,vocab,k,ngram", SHAPES)
 def test_triton_equals_reference_on_gpu(rows, length, vocab, k, ngram, dtype, atol, rtol):
@@ -103,7 +101,6 @@ def test_triton_equals_reference_on_gpu(rows, length, vocab, k, ngram, dtype, at
 
 
 @pytest.mark.gpu
-@gpu
 def test_wider_mirror_than_batch_on_gpu():
     # the mirror has more rows (max_num_seqs) than the step's batch and a longer row stride
     ctx, n = make_ctx(32, 4000, 6, 5, "cuda")
@@ -113,7 +110,6 @@ def test_wider_mirror_than_batch_on_gpu():
 
 
 @pytest.mark.gpu
-@gpu
 def test_opcheck_gpu():
     ctx, n = make_ctx(8, 2000, 4, 2, "cuda")
     torch.library.opcheck(torch.ops.radiance.ngram_match, (ctx, n, 8, 3))

@@ -18,8 +18,6 @@ K_SIZES = (2048, 5120)
 FORMATS = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 GROUPS = (0, 128)
 
-gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 
 
 def make_inputs(m, k, dtype=torch.bfloat16, device="cpu", seed=0, edge=False):
@@ -105,8 +103,7 @@ def test_triton_interpreter_bit_exact(run_interpreted):
     assert out.strip().endswith("OK"), out[-3000:]
 
 
-@gpu
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("k", K_SIZES)
@@ -118,8 +115,7 @@ def test_triton_bit_exact_on_gpu(m, k, fmt, group):
     assert same(qf.quant_fp8(x.cuda(), group, fmt), want)  # the op
 
 
-@gpu
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", (torch.float16, torch.float32))
 def test_triton_other_dtypes_and_strides_on_gpu(dtype):
     fmt = torch.float8_e4m3fn

@@ -20,8 +20,6 @@ GROUPS = (0, 128)
 # last fp32 bit, which moves the rounded silu by at most one bf16 ulp.
 DTYPE_TOL = [(torch.bfloat16, 1e-6, 2.0 ** -7)]
 
-gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
 
 
 def make_inputs(m, n, dtype=torch.bfloat16, device="cpu", seed=0):
@@ -139,8 +137,7 @@ def test_triton_interpreter_bit_exact(run_interpreted):
     assert out.strip().endswith("OK"), out[-3000:]
 
 
-@gpu
-@needs_gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n", N_SIZES)

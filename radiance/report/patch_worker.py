@@ -1,0 +1,170 @@
+"""The worker end of the report channel (vLLM 0.32 ``vllm.v1.worker.gpu_worker.Worker``; the CPU worker
+inherits it).
+
+Hooks:
+``Worker.load_model`` (wrapped)
+    after the stock load (target, drafter, DFlash taps), every TP rank's patch report is gathered over
+    the TP group's CPU communicator. A patch whose ranks disagree is reconciled on every rank alike
+    (the gathered lists are the same everywhere): ``Patch.on_ranks_disagree`` -- fp8-stream takes its
+    contract off, since ranks that stream and ranks that do not would all-reduce different things --
+    and its outcome becomes ``mixed``. TP rank 0 keeps every rank's rows for the channel.
+``Worker.execute_model`` / ``Worker.sample_tokens`` (wrapped)
+    on TP rank 0 (the rank whose output vLLM's executor returns), the step's payload
+    (``channel.take_payload``) is attached to the ``ModelRunnerOutput`` as ``radiance``; an async output
+    gets it on the plain output it wraps. A step with no output keeps it for the next.
+Fail closed: a failure here is logged once and the step is untouched; a failed gather leaves each
+rank's report as it was (and says so).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+
+from ..patching import Outcome, Patch, report, resolve
+from . import channel
+
+logger = logging.getLogger("radiance")
+
+_WORKER = "vllm.v1.worker.gpu_worker.Worker"
+
+
+def _tp():
+    from vllm.distributed import get_tp_group
+
+    return get_tp_group()
+
+
+def _is_output_rank() -> bool:
+    try:
+        from vllm.distributed import get_pp_group
+
+        return _tp().rank_in_group == 0 and get_pp_group().is_last_rank
+    except Exception:
+        return True
+
+
+def reconcile(gathered: list[list[dict]], patches_by_name: dict, model) -> list[list[dict]]:
+    """Every rank the same: the rows after disagreements are settled (``mixed`` where ranks differ)."""
+    names = []
+    for rows in gathered:
+        for row in rows:
+            if row["patch"] not in names:
+                names.append(row["patch"])
+    out = [list(rows) for rows in gathered]
+    for name in names:
+        per_rank = [next((r for r in rows if r["patch"] == name), None) for rows in gathered]
+        statuses = {r["status"] if r else "absent" for r in per_rank}
+        if len(statuses) == 1:
+            continue
+        summary = "; ".join(f"rank {i}: {r['status'] if r else 'absent'}"
+                            + (f" ({r['reason']})" if r and r.get("reason") else "")
+                            for i, r in enumerate(per_rank))
+        patch = patches_by_name.get(name)
+        action = ""
+        if patch is not None:
+            try:
+                action = patch.on_ranks_disagree(model) or ""
+            except Exception as exc:  # settling must not fail the load
+                action = f"settling raised {type(exc).__name__}: {exc}"
+        feature = next((r["feature"] for r in per_rank if r), "")
+        reason = f"the TP ranks disagree ({summary})" + (f"; {action}" if action else "")
+        status = "declined" if action else "mixed"
+        logger.warning("radiance: %s %s: %s", feature or name, status, reason)
+        report().record(Outcome(name, feature, status, reason))
+        for rows in out:
+            for i, row in enumerate(rows):
+                if row["patch"] == name:
+                    rows[i] = {**row, "status": status, "reason": reason}
+    return out
+
+
+class WorkerReportPatch(Patch):
+    name = "report.worker"
+    feature = ""
+    hook_points = (f"{_WORKER}.load_model", f"{_WORKER}.execute_model", f"{_WORKER}.sample_tokens",
+                   "vllm.v1.outputs.ModelRunnerOutput", "vllm.distributed.get_tp_group")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: dict | None = None
+        self._warned = False
+
+    def apply(self) -> None:
+        owner, _, load = resolve(f"{_WORKER}.load_model")
+        _, _, execute = resolve(f"{_WORKER}.execute_model")
+        _, _, sample = resolve(f"{_WORKER}.sample_tokens")
+        self.replace(owner, "load_model", self._wrap_load(load))
+        self.replace(owner, "execute_model", self._wrap_step(execute))
+        self.replace(owner, "sample_tokens", self._wrap_step(sample))
+
+    # -- after the load: every rank's report --------------------------------------------
+    def _wrap_load(self, orig):
+        patch = self
+
+        @functools.wraps(orig)
+        def load_model(worker, *args, **kwargs):
+            result = orig(worker, *args, **kwargs)
+            try:
+                patch.gather(getattr(getattr(worker, "model_runner", None), "model", None))
+            except Exception as exc:
+                logger.warning("radiance: patch reports of the TP ranks not gathered (%s: %s); each rank "
+                               "reports for itself", type(exc).__name__, exc)
+                channel.set_ranks({str(_tp().rank_in_group): report().rows()})
+            return result
+
+        return load_model
+
+    @staticmethod
+    def gather(model) -> None:
+        import torch.distributed as dist
+
+        from ..plugin import registry
+
+        tp = _tp()
+        rows = report().rows()
+        if tp.world_size > 1:
+            gathered: list = [None] * tp.world_size
+            dist.all_gather_object(gathered, rows, group=tp.cpu_group)
+        else:
+            gathered = [rows]
+        reg = registry()
+        by_name = {p.name: p for p in (reg.patches if reg else [])}
+        settled = reconcile(gathered, by_name, model)
+        if tp.rank_in_group == 0:
+            channel.set_ranks({str(r): rows for r, rows in enumerate(settled)})
+
+    # -- every step: the payload on rank 0's output --------------------------------------
+    def _wrap_step(self, orig):
+        patch = self
+
+        @functools.wraps(orig)
+        def step(worker, *args, **kwargs):
+            out = orig(worker, *args, **kwargs)
+            if out is None or not _is_output_rank():
+                return out
+            try:
+                patch._attach(out)
+            except Exception as exc:
+                if not patch._warned:
+                    patch._warned = True
+                    logger.warning("radiance: report channel: payload not attached (%s: %s)",
+                                   type(exc).__name__, exc)
+            return out
+
+        return step
+
+    def _attach(self, out) -> None:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        payload = channel.take_payload()
+        if payload is not None:
+            self._pending = channel.merge(self._pending, payload)
+        if self._pending is None:
+            return
+        target = getattr(out, "_model_runner_output", out)  # an async output wraps the plain one
+        if isinstance(target, ModelRunnerOutput):
+            setattr(target, channel.FIELD, self._pending)
+            self._pending = None
+
+
+PATCHES = [WorkerReportPatch()]

@@ -1,0 +1,232 @@
+"""A deployment with an API key, for real (tiny Qwen3.5 on vLLM CPU, local runtime): nothing but the
+gateway answers /v1 without credentials, and `radiance down` sent while 64 streams run lets every
+started stream finish whole, answers 503 to new work, and leaves nothing listening.
+
+One bring-up for the module; the bypass test reads it while it is up and the load test is the one
+that takes it down (pytest runs a module's tests in file order). The gate is skipped: the spine's
+deployment proves it, this one proves the doors and the drain.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+import netprobe
+
+from .conftest import REPO, radiance, start
+
+pytestmark = pytest.mark.e2e
+
+KEY = "gateway-key-e2e-7c1f"
+STREAMS = 64
+MAX_TOKENS = 256   # long enough (~20 s of streaming here) that down lands mid-stream
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("keyed")
+    data = yaml.safe_load((REPO / "profiles/tiny-cpu.yaml").read_text())
+    data["name"] = "tiny-keyed"
+    data["server"]["api_key_env"] = "RADIANCE_API_KEY"
+    data["vllm_args"]["max-num-seqs"] = STREAMS          # all 64 streams decode together
+    profile = tmp / "tiny-keyed.yaml"
+    profile.write_text(yaml.safe_dump(data, sort_keys=False))
+    dep = start(tmp, str(profile), args=("--skip-gate",),
+                extra_env={"RADIANCE_API_KEY": KEY, "RADIANCE_DRAIN_TIMEOUT": "120"})
+    if dep.up.returncode != 0:
+        dep.down()
+        pytest.fail(f"radiance up failed ({dep.up.returncode}):\n{dep.up.stdout}\n{dep.up.stderr}")
+    yield dep
+    dep.down()  # a no-op when the load test already took it down
+
+
+def _tree(dep) -> list[int]:
+    return netprobe.process_tree(dep.state()["supervisor_pid"])
+
+
+def test_no_port_but_the_gateways_answers_v1_without_credentials(keyed):
+    st = keyed.state()
+    gw_port = int(st["gateway_url"].rsplit(":", 1)[1])
+    ports = netprobe.ports_of(_tree(keyed))
+    assert ("127.0.0.1", gw_port) in ports, ports
+    answers = netprobe.probe_all(ports)
+    print(f"\n[bypass] listening ports of the deployment's processes: {answers}")
+    for (host, port), line in zip(ports, answers.values()):
+        if port == gw_port:
+            assert line.split()[1] == "401", line
+        else:
+            assert not netprobe.answered_ok(line), (host, port, line)
+    # The engine has no TCP port at all: it serves on a socket in a directory only we may enter ...
+    assert st["engine_url"].startswith("unix:"), st["engine_url"]
+    sock = st["engine_url"][len("unix:"):]
+    sock_dir = Path(sock).parent
+    assert sock_dir.stat().st_mode & 0o777 == 0o700 and sock_dir.stat().st_uid == os.getuid()
+    # ... holds a key for /v1 (the second lock) ...
+    assert netprobe.get_over_uds(sock, "/v1/models").split()[1] == "401"
+    # ... and the routes vLLM's key does not guard (/invocations generates) are behind the directory:
+    # another user cannot even connect.
+    if os.getuid() == 0:
+        assert _connect_as_nobody(sock) == "PermissionError"
+    # The gateway answers with the key.
+    r = httpx.get(keyed.base + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert r.status_code == 200 and r.json()["data"][0]["id"] == "tiny"
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return raw[raw.index("(") + 1:raw.rindex(")")] + " " + raw[raw.rindex(")") + 2:].split()[0] + \
+        " ppid " + raw[raw.rindex(")") + 2:].split()[1]
+
+
+def _connect_as_nobody(path: str) -> str:
+    """Try the socket as user nobody (a forked child that drops to uid 65534): what happened."""
+    import socket
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no Python-level cleanup, just the answer
+        os.close(r)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(path)
+            out = "connected"
+        except OSError as exc:
+            out = type(exc).__name__
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        out = f.read()
+    os.waitpid(pid, 0)
+    return out
+
+
+async def _stream(client: httpx.AsyncClient, base: str, i: int, started: list, results: list) -> None:
+    body = {"model": "tiny", "prompt": f"def f{i}(x):", "max_tokens": MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    chunks, usage, done, t0 = [], None, False, time.monotonic()
+    try:
+        async with client.stream("POST", base + "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                results[i] = {"status": r.status_code}
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    done = True
+                    break
+                event = json.loads(data)
+                if event.get("usage"):
+                    usage = event["usage"]
+                if event.get("choices"):
+                    if not chunks:
+                        started[i] = time.monotonic()
+                    chunks.append(event["choices"][0].get("text", ""))
+        results[i] = {"status": 200, "done": done, "usage": usage, "chunks": len(chunks),
+                      "s": time.monotonic() - t0}
+    except httpx.HTTPError as exc:
+        results[i] = {"status": None, "error": f"{type(exc).__name__}: {exc}", "chunks": len(chunks)}
+
+
+def test_down_mid_stream_drains_64_streams_and_leaves_nothing(keyed):
+    st = keyed.state()
+    gw_port = int(st["gateway_url"].rsplit(":", 1)[1])
+    tree = _tree(keyed)
+    engine_pid = int(st["engine_ident"])
+    ports = netprobe.ports_of(tree)
+    sock_dir = Path(st["engine_url"][len("unix:"):]).parent
+    started: list = [None] * STREAMS
+    results: list = [None] * STREAMS
+    late: list[int | str] = []
+    down: dict = {}
+
+    async def main():
+        headers = {"Authorization": f"Bearer {KEY}"}
+        limits = httpx.Limits(max_connections=STREAMS + 8, max_keepalive_connections=0)
+        async with httpx.AsyncClient(headers=headers, limits=limits, timeout=600) as client:
+            t0 = time.monotonic()
+            tasks = [asyncio.create_task(_stream(client, keyed.base, i, started, results))
+                     for i in range(STREAMS)]
+            while sum(s is not None for s in started) < STREAMS and time.monotonic() - t0 < 300:
+                if all(t.done() for t in tasks):
+                    break
+                await asyncio.sleep(0.02)
+            down["all_started_s"] = time.monotonic() - t0
+            assert all(s is not None for s in started), [r for r in results if r]
+            assert not any(t.done() for t in tasks), "streams finished before down could be sent"
+
+            def send_down():
+                t = time.monotonic()
+                down["proc"] = radiance("down", keyed.name, env=keyed.env, timeout=300)
+                down["s"] = time.monotonic() - t
+            th = threading.Thread(target=send_down)
+            th.start()
+            down["sent_at"] = time.monotonic() - t0
+            async with httpx.AsyncClient(headers=headers, timeout=10) as fresh:
+                # The supervisor has the signal once its gateway says draining.
+                while th.is_alive():
+                    try:
+                        r = await fresh.get(keyed.base + "/v1/health/ready")
+                        if r.status_code == 503 and r.json()["phase"] == "draining":
+                            break
+                    except httpx.TransportError:
+                        break
+                    await asyncio.sleep(0.05)
+                down["draining_at"] = time.monotonic() - t0
+                down["in_flight_at_drain"] = sum(not t.done() for t in tasks)
+                # New work while it drains: refused with 503 until the gateway stops listening.
+                while th.is_alive():
+                    try:
+                        r = await fresh.post(keyed.base + "/v1/completions",
+                                             json={"model": "tiny", "prompt": "x", "max_tokens": 1})
+                        late.append(r.status_code)
+                    except httpx.TransportError:
+                        late.append("closed")
+                    await asyncio.sleep(0.2)
+            await asyncio.gather(*tasks)
+            down["streams_done_s"] = time.monotonic() - t0
+            await asyncio.to_thread(th.join)
+
+    asyncio.run(main())
+    proc = down["proc"]
+    incomplete = [(i, r) for i, r in enumerate(results)
+                  if not (r and r["status"] == 200 and r["done"] and r["usage"]
+                          and r["usage"]["completion_tokens"] == MAX_TOKENS)]
+    tokens = sum(r["usage"]["completion_tokens"] for r in results if r and r.get("usage"))
+    print(f"\n[load] {STREAMS} streams x {MAX_TOKENS} tokens: all started after {down['all_started_s']:.1f} s; "
+          f"down sent at {down['sent_at']:.1f} s, draining at {down['draining_at']:.1f} s with "
+          f"{down['in_flight_at_drain']} streams in flight, down took {down['s']:.1f} s; streams done at "
+          f"{down['streams_done_s']:.1f} s ({tokens} tokens, {tokens / down['streams_done_s']:.0f} tok/s "
+          f"aggregate); late requests: {len(late)} ({sorted(set(map(str, late)))}); incomplete: {len(incomplete)}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert down["in_flight_at_drain"] == STREAMS, down   # down really landed mid-stream
+    assert incomplete == [], incomplete[:3]
+    assert late and all(code in (503, "closed") for code in late), late
+    assert 503 in late, late
+    # Nothing left: no process of the deployment, no listener, no socket.
+    for pid in tree:
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z", pid
+    # the engine's whole group (API server, engine core, workers): nothing left, not even unreaped
+    left = {pid: _proc_state(pid) for pid in netprobe.process_group(engine_pid)}
+    assert left == {}, left
+    for host, port in ports:
+        assert netprobe.get_v1_models(host, port, timeout=2).startswith("no answer"), (host, port)
+    assert not sock_dir.exists()
+    status = json.loads(radiance("status", keyed.name, "--json", env=keyed.env, check=True).stdout)
+    assert status["phase"] == "stopped" and status["ready"] is False
+    assert gw_port not in [p for _, p in netprobe.listening().values()]
