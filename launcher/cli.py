@@ -1,6 +1,7 @@
 """`radiance`: the appliance's command line. Exit codes: see launcher/errors.py and README.md."""
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -8,11 +9,23 @@ import click
 from radiance import envs
 
 from . import console, errors
-from .commands import build, check, down, gate, gateway, logs, status, up
+
+# Each command's module is imported only when it runs: `radiance down` on a host whose cores the engine
+# saturates must send its signal in a fraction of a second, not after importing aiohttp, pydantic and the gate.
+_COMMANDS = ("check", "up", "gate", "status", "logs", "down", "gateway", "build")
 
 
 class _Group(click.Group):
-    """Turns every launcher error into one line and its exit code; tracebacks only with RADIANCE_DEBUG=1."""
+    """Turns every launcher error into one line and its exit code; tracebacks only with RADIANCE_DEBUG=1.
+    Loads a command's module on first use."""
+
+    def list_commands(self, ctx):
+        return list(_COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in _COMMANDS:
+            return None
+        return importlib.import_module(f"{__package__}.commands.{name}").command
 
     def invoke(self, ctx):
         try:
@@ -51,9 +64,6 @@ def cli() -> None:
                 4 hardware incompatible, 5 endpoint unreachable.
     """
 
-
-for module in (check, up, gate, status, logs, down, gateway, build):
-    cli.add_command(module.command)
 
 
 def main() -> None:

@@ -217,6 +217,7 @@ class Gateway:
     async def drain(self) -> bool:
         """Refuse new work, wait for in-flight requests; True if all finished in time."""
         self.state.set("draining", "shutting down")
+        log.info("draining: %d request(s) in flight; refusing new work", self.in_flight)
         try:
             await asyncio.wait_for(self._idle.wait(), timeout=self.drain_timeout)
             return True

@@ -175,7 +175,7 @@ class Supervisor:
         self._phase("starting", "gateway up; preparing the engine")
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._on_signal, sig)
 
         try:
             if self.opts.runtime != "external":
@@ -243,6 +243,11 @@ class Supervisor:
             if self.state is not None:
                 self.state.exit_code = self.exit_code
                 self._phase("stopped", self.gw_state.reason)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if not self._stop.is_set():
+            log.info("%s received: stopping", signal.Signals(sig).name)
+        self._stop.set()
 
     async def _serve_until_stopped(self) -> None:
         while not self._stop.is_set():

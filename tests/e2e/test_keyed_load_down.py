@@ -214,7 +214,13 @@ def test_down_mid_stream_drains_64_streams_and_leaves_nothing(keyed):
           f"{down['streams_done_s']:.1f} s ({tokens} tokens, {tokens / down['streams_done_s']:.0f} tok/s "
           f"aggregate); late requests: {len(late)} ({sorted(set(map(str, late)))}); incomplete: {len(incomplete)}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert down["in_flight_at_drain"] == STREAMS, down   # down really landed mid-stream
+    # down really landed mid-stream: the gateway's own count when it began to drain (the client's view
+    # above lags on a host whose cores the engine saturates)
+    log_lines = Path(st["supervisor_log"]).read_text().splitlines()
+    drain_lines = [ln for ln in log_lines if "draining:" in ln or "SIGTERM received" in ln]
+    print("[load] supervisor: " + " | ".join(drain_lines))
+    counts = [int(ln.split("draining: ")[1].split()[0]) for ln in drain_lines if "draining: " in ln]
+    assert counts == [STREAMS], (drain_lines, down)
     assert incomplete == [], incomplete[:3]
     assert late and all(code in (503, "closed") for code in late), late
     assert 503 in late, late
