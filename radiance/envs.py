@@ -127,6 +127,11 @@ _KNOBS = (
     Knob("RADIANCE_DRAFT_LOCAL_VOCAB", "1", parse_bool,
          "At TP>1, take each draft token and its confidence from the vocabulary shards (three floats "
          "per row exchanged); 0 gathers the full logit rows as stock MTP does (same tokens)."),
+    Knob("RADIANCE_DRAFT_LOOKAHEAD", "auto", _parse_str,
+         "Decide draft slot j while slot j+1's forward already runs (its token and confidence copied "
+         "to the host asynchronously; a stop drops the slot that ran ahead). auto: on for GPU "
+         "tensors, off on CPU (copies there are synchronous: nothing to overlap); 1/0 force it (the "
+         "CPU tests force it on to check it is lossless).", choices=("auto", "1", "0")),
     # --- w4-drafter / int4-head --------------------------------------------------------
     Knob("RADIANCE_W4_DRAFTER", "0", parse_bool,
          "Quantise the drafter's linears to 4-bit (W4A16) at load; lossless for the target."),

@@ -14,6 +14,10 @@ last time is copied again from token 0.
 The copy is one synchronous host-to-device transfer from pageable memory per step. The packed
 buffer is a temporary: an asynchronous copy could still be reading it after it is freed, which
 would put nondeterministic garbage in the mirror.
+
+The step's sampled tokens (vLLM proposes before its bookkeeping writes them to the host rows) are
+written on the device, straight from the sampler's output: reading them on the host first would
+stall the device between the target's forward and the first draft forward.
 """
 from __future__ import annotations
 
@@ -32,8 +36,9 @@ class ContextMirror:
         self.max_len = max_len
         self.device = torch.device(device)
         width = min(max_len, max(16, initial_len))
-        # grown on demand: max_num_seqs x max_model_len int32 is GBs at long context
-        self.tokens = torch.zeros(max_rows, width, dtype=torch.int32, device=self.device)
+        # grown on demand: max_num_seqs x max_model_len int32 is GBs at long context. One row more
+        # than there are requests: where the sampled tokens that are not tokens (-1) are written.
+        self.tokens = torch.zeros(max_rows + 1, width, dtype=torch.int32, device=self.device)
         self._seen: dict[str, tuple[int, int]] = {}
         self.copied_last_step = 0  # tokens moved by the last update (tests, telemetry)
 
@@ -42,30 +47,29 @@ class ContextMirror:
         if need <= width:
             return
         new_width = min(self.max_len, max(need, 2 * width))
-        grown = torch.zeros(self.max_rows, new_width, dtype=torch.int32, device=self.device)
+        grown = torch.zeros(self.max_rows + 1, new_width, dtype=torch.int32, device=self.device)
         grown[:, :width] = self.tokens
         self.tokens = grown
 
     def update(self, req_ids: Sequence[str], token_ids: np.ndarray, num_tokens: np.ndarray,
-               extra: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+               sampled: torch.Tensor | None = None, discard: np.ndarray | None = None) -> torch.Tensor:
         """Bring rows ``0..len(req_ids)-1`` up to date. ``token_ids[i, :num_tokens[i]]`` are
-        request ``req_ids[i]``'s tokens (vLLM's host arrays, row i = batch row i); ``extra[i]``
-        are tokens that follow them but are not in the host arrays yet (vLLM proposes before
-        its bookkeeping writes the step's accepted tokens). Returns the token counts
-        (``num_tokens + len(extra)``) as an int32 device tensor, ready for the matcher.
+        request ``req_ids[i]``'s tokens (vLLM's host arrays, row i = batch row i); ``sampled[i]``
+        (on the device, -1 past the tokens kept) follow them but are not in the host arrays yet
+        (vLLM proposes before its bookkeeping writes the step's accepted tokens); rows where
+        ``discard[i]`` (still in chunked prefill) take none. Returns the token counts
+        (``num_tokens`` + the sampled tokens taken) as an int32 device tensor, for the matcher.
 
-        Only host-array tokens count as mirrored: extras are written again from the host
+        Only host-array tokens count as mirrored: sampled ones are written again from the host
         array once it holds them, so a wrong guess about them cannot outlive a step."""
         b = len(req_ids)
         if b > self.max_rows:
             raise ValueError(f"{b} requests but the mirror has {self.max_rows} rows")
         seen = self._seen
         counts = np.asarray(num_tokens[:b], dtype=np.int64)
-        total = counts.copy()
-        if extra is not None:
-            total += np.fromiter((len(e) for e in extra[:b]), dtype=np.int64, count=b)
-        if b and int(total.max()) > self.max_len:
-            raise ValueError(f"a request has {int(total.max())} tokens, mirror max {self.max_len}")
+        width_sampled = int(sampled.shape[1]) if sampled is not None else 0
+        if b and int(counts.max()) > self.max_len:
+            raise ValueError(f"a request has {int(counts.max())} tokens, mirror max {self.max_len}")
         rows, starts, stops = [], [], []
         for i, rid in enumerate(req_ids):
             n = int(counts[i])
@@ -81,17 +85,15 @@ class ContextMirror:
             for rid in [r for r in seen if r not in live]:
                 del seen[rid]
 
-        host_new = sum(e - s for s, e in zip(starts, stops))
-        extra_new = int(total.sum() - counts.sum()) if b else 0
-        new = host_new + extra_new
+        new = sum(e - s for s, e in zip(starts, stops))
         self.copied_last_step = new
         if b:
-            self._grow(int(total.max()))
+            self._grow(min(self.max_len, int(counts.max()) + width_sampled))
+        width = self.tokens.shape[1]
         # One packed transfer: [counts (b) | flat positions (new) | values (new)].
         packed = np.empty(b + 2 * new, dtype=np.int32)
-        packed[:b] = total
+        packed[:b] = counts
         if new:
-            width = self.tokens.shape[1]
             pos = packed[b:b + new]
             val = packed[b + new:]
             o = 0
@@ -100,20 +102,24 @@ class ContextMirror:
                 pos[o:o + m] = np.arange(i * width + s, i * width + e, dtype=np.int32)
                 val[o:o + m] = token_ids[i, s:e]
                 o += m
-            if extra_new:
-                for i in range(b):
-                    ex = extra[i]
-                    m = len(ex)
-                    if m:
-                        s = int(counts[i])
-                        pos[o:o + m] = np.arange(i * width + s, i * width + s + m, dtype=np.int32)
-                        val[o:o + m] = ex
-                        o += m
         dev = torch.from_numpy(packed).to(self.device)  # synchronous: packed dies with this call
+        flat_tokens = self.tokens.view(-1)
         if new:
-            flat = dev[b:b + new].long()
-            self.tokens.view(-1).index_copy_(0, flat, dev[b + new:])
-        return dev[:b]
+            flat_tokens.index_copy_(0, dev[b:b + new].long(), dev[b + new:])
+        n_dev = dev[:b]
+        if sampled is not None and b and width_sampled:
+            tok = sampled[:b].to(device=self.device, dtype=torch.int32)
+            keep = tok >= 0
+            if discard is not None and bool(np.any(discard[:b])):
+                keep &= ~torch.from_numpy(np.asarray(discard[:b], dtype=bool)).to(self.device)[:, None]
+            rows_dev = torch.arange(b, device=self.device, dtype=torch.int64)[:, None]
+            cols = n_dev.long()[:, None] + torch.arange(width_sampled, device=self.device)[None, :]
+            keep &= cols < width  # a request at the model's length limit: no room, and none needed
+            # no host sync: what is not kept goes to the spare row, which nothing reads
+            where = torch.where(keep, rows_dev * width + cols, torch.full_like(cols, self.max_rows * width))
+            flat_tokens.index_copy_(0, where.reshape(-1), tok.reshape(-1))
+            n_dev = n_dev + keep.sum(dim=1, dtype=torch.int32)
+        return n_dev
 
     def rows(self, b: int) -> torch.Tensor:
         """The first ``b`` rows of the mirror, the matcher's ``ctx``."""

@@ -13,6 +13,17 @@ Where the controller sits, per decoding step:
     capture (``local_vocab``: the same token ``argmax`` gives, plus ``1/sum-exp``), copies
     token and confidence to the host in one transfer, and lets the controller decide. Once no
     request drafts any more it raises ``_StopDrafting``: the loop-break.
+
+    Look-ahead (GPU tensors; ``RADIANCE_DRAFT_LOOKAHEAD``): the copy goes to pinned memory
+    without waiting and the token goes back to vLLM's loop at once, so the next slot's forward is
+    queued before the host needs this slot's verdict; the verdict is read in the next call, when
+    the device is busy with that forward. A stop there drops the forward that ran ahead (one that
+    stock MTP would have run anyway); the drafts are the ones decided without look-ahead. The
+    slot that is the step's last whatever the controller sees (k, or the schedule's cap) is
+    decided at once: nothing runs past it. The step's n-gram continuations are read the same
+    way (``begin`` waits for the first decision), and the step's sampled tokens go into the
+    context mirror on the device (their host copy, for the acceptance counters, is read once the
+    step is drafted). Off on CPU, where every copy is synchronous and nothing would overlap.
 ``SpecDecodeBaseProposer.propose`` (wrapped)
     catches ``_StopDrafting`` (the remaining forwards of the loop never run) and returns the
     controller's drafts: ragged lists where the runner takes them (synchronous scheduling and
@@ -47,7 +58,10 @@ where it does not, and the collectives would diverge: a hang). It marks the faul
 following the protocol, and at the next draft slot its share of the slot's exchange -- the per-row
 stats all-gather of the local-vocabulary path, or a one-flag all-gather before the gathered-logits
 path -- carries NaN: every rank sees which rank faulted, in the same slot of the same step, and
-every rank latches off there and runs that slot and the rest of the step as stock MTP. A fault
+every rank latches off there and runs that slot and the rest of the step as stock MTP (with
+look-ahead the slot's per-rank fault flags travel in its host copy: every rank learns of the fault
+when that slot is decided, during the next, and latches there; the faulted slot's token is a valid
+id, and verified like any other). A fault
 after the exchange (the host copy, the controller) cannot be agreed on any more within the step:
 at TP > 1 it is raised, the engine stops loudly and the gateway goes unready -- never a split.
 """
@@ -75,6 +89,7 @@ _RUNNER = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
 # Attribute names this patch leaves on vLLM objects (one place, so a test can clear them).
 STEP_ATTR = "_radiance_draft_step"
 STATE_ATTR = "_radiance_draft_state"
+CREDIT_ATTR = "_radiance_draft_credit"
 
 
 class _StopDrafting(BaseException):
@@ -94,6 +109,14 @@ class _Step:
     slot: int = 0
     drafts: list[list[int]] | None = None
     poisoned: bool = False       # this rank's preparation failed: only carry the fault to the exchange
+    lookahead: bool = False      # decide slot j while slot j+1's forward runs (module doc)
+    limit: int = 0               # forwards the step may run at most (the schedule's cap); 0: k
+    pending: tuple | None = None  # (slot, host copy in flight, this rank's fault) of the slot not yet decided
+    ngram: tuple | None = None   # the n-gram continuations' host copy in flight (begin deferred)
+
+    def last_slot(self, j: int) -> bool:
+        """Whether slot j's forward is the last the step can run, whatever the controller sees."""
+        return j + 1 >= (self.limit or self.k)
 
 
 @dataclass
@@ -101,6 +124,48 @@ class _RunnerState:
     """Per model runner: the mirror and what the previous step proposed (for acceptance)."""
     mirror: ContextMirror
     last: dict[str, tuple[int, int]] = field(default_factory=dict)  # req -> (len, tail start)
+
+
+class _HostRing:
+    """Pinned host rows and CUDA events, allocated once and reused every step: a device->host copy
+    then costs the copy and an event record, no allocation (the pinned allocator and event creation
+    cost more host time than the copy). Row ``NGRAM`` holds the step's n-gram continuations, ``CREDIT``
+    its sampled tokens, ``SLOT + j`` draft slot j; each row is read (after its event) before the next
+    copy into it is issued. Non-int32 and CPU tensors take a plain copy."""
+
+    NGRAM, CREDIT, SLOT = 0, 1, 2
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None
+        self.events: list = []
+
+    def copy(self, row: int, t: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+        if not t.is_cuda:
+            return t.to("cpu", copy=True), None
+        if t.dtype != torch.int32:
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            return host, event
+        n = t.numel()
+        if self.buf is None or self.buf.shape[0] <= row or self.buf.shape[1] < n:
+            rows = max(row + 1, 0 if self.buf is None else self.buf.shape[0], 2 + 8)
+            width = max(n, 0 if self.buf is None else self.buf.shape[1], 256)
+            self.buf = torch.empty((rows, width), dtype=torch.int32, pin_memory=True)
+            self.events = [torch.cuda.Event() for _ in range(rows)]
+        host = self.buf[row, :n].view(t.shape)
+        host.copy_(t, non_blocking=True)
+        event = self.events[row]
+        event.record()
+        return host, event
+
+
+def _host_wait(copy: tuple) -> np.ndarray:
+    host, event = copy
+    if event is not None:
+        event.synchronize()
+    return host.numpy()
 
 
 def _vllm_config_v2() -> bool | None:
@@ -134,6 +199,9 @@ class DynamicDraftPatch(Patch):
         super().__init__()
         self.policy: DraftPolicy | None = None
         self.local_vocab = True  # RADIANCE_DRAFT_LOCAL_VOCAB, read at install
+        self.lookahead = "auto"  # RADIANCE_DRAFT_LOOKAHEAD, read at install
+        self._lookahead_said = False
+        self._ring = _HostRing()
         self.fault_pending: str | None = None  # TP > 1: a local fault not yet agreed with the peers
         self.steps_seen = 0  # controlled steps started in this process (names the step of a latch)
         self.counters: DraftCounters | None = None
@@ -144,6 +212,7 @@ class DynamicDraftPatch(Patch):
         try:
             self.policy = DraftPolicy.from_env()
             self.local_vocab = envs.get("RADIANCE_DRAFT_LOCAL_VOCAB")
+            self.lookahead = envs.get("RADIANCE_DRAFT_LOOKAHEAD")
         except envs.KnobError as exc:  # a bad knob is a startup error, said once and clearly
             return str(exc)
         if _vllm_config_v2():
@@ -273,7 +342,10 @@ class DynamicDraftPatch(Patch):
         return st
 
     def _prepare(self, runner, scheduler_output, sampled_token_ids, sampling_metadata) -> None:
-        """Mirror + matcher + a fresh StepController on the drafter (or nothing: stock step)."""
+        """Mirror + matcher + a fresh StepController on the drafter (or nothing: stock step).
+        Nothing here waits for the device: this step's sampled tokens go into the mirror on the
+        device, and their host copy (the previous step's acceptance, for the counters) is read
+        once the step is drafted."""
         drafter = runner.drafter
         setattr(drafter, STEP_ATTR, None)
         k = int(scheduler_output.num_spec_tokens_to_schedule)
@@ -282,36 +354,75 @@ class DynamicDraftPatch(Patch):
         b = len(req_ids)
         # This step's sampled tokens: on the device, -1 where rejected, before vLLM's
         # bookkeeping (padded drafter batch, the default); a list after it.
-        host = sampled_token_ids[:b].cpu().numpy() if torch.is_tensor(sampled_token_ids) else None
-        if host is not None:
-            valid = [[int(t) for t in row if t >= 0] for row in host]
+        sampled = sampled_token_ids[:b] if torch.is_tensor(sampled_token_ids) else None
+        if sampled is not None:
+            setattr(runner, CREDIT_ATTR, (req_ids, self._ring.copy(_HostRing.CREDIT, sampled)))
         else:
-            valid = [list(t) for t in sampled_token_ids[:b]]
-        self._credit_acceptance(runner, req_ids, valid)
+            self._credit_acceptance(runner, req_ids, [list(t) for t in sampled_token_ids[:b]])
         reason = self._step_or_reason(runner, sampling_metadata, k) if b else "the batch is empty"
         if reason is not None:
             self._decline_step(reason)
             return
         state = self._state(runner)
-        extra = None
-        if host is not None:
-            discard = runner.discard_request_mask.np[:b]  # still in chunked prefill: no tokens
-            extra = [[] if discard[i] else valid[i] for i in range(b)]
+        discard = runner.discard_request_mask.np[:b] if sampled is not None else None  # chunked prefill
         counts = np.asarray(ib.num_tokens_no_spec[:b], dtype=np.int64)
-        n_dev = state.mirror.update(req_ids, ib.token_ids_cpu, counts, extra)
+        n_dev = state.mirror.update(req_ids, ib.token_ids_cpu, counts, sampled=sampled, discard=discard)
         from ..kernels.ngram_match import ngram_match
 
         cont, clen = ngram_match(state.mirror.rows(b), n_dev, k, self.policy.ngram)
-        both = torch.cat([cont, clen[:, None]], dim=1).cpu().numpy()  # one device->host copy
-        ctl = StepController(self.policy)
-        ctl.begin(k, both[:, :k].tolist(), both[:, k].tolist())
-        self.steps_seen += 1
         # Ragged drafts (fewer tokens to verify too) only where vLLM takes them: not under async
         # scheduling (it reads drafts as a [B, k] tensor) and not for hybrid models, whose
         # linear-attention spec path assumes k drafts per request (vLLM 0.32's CPU GDN kernel
         # fails on ragged ones). Qwen3-Next is hybrid: full width, only forwards are saved.
         ragged = not runner.use_async_scheduling and not runner.model_config.is_hybrid
-        setattr(drafter, STEP_ATTR, _Step(ctl, k, b, ragged, req_ids))
+        self.start_step(drafter, k, ragged, req_ids, torch.cat([cont, clen[:, None]], dim=1))
+
+    def start_step(self, drafter, k: int, ragged: bool, req_ids: list[str], ngram: torch.Tensor) -> _Step:
+        """Leave a StepController for ``propose`` on ``drafter``. ``ngram`` is [B, k+1] on the
+        device: each request's n-gram continuation, then its length. With look-ahead its host copy
+        is read at the first decision, when two forwards are already queued behind it."""
+        b = len(req_ids)
+        cap = self.policy.forward_cap(b)
+        step = _Step(StepController(self.policy), k, b, ragged, req_ids,
+                     lookahead=self._lookahead_for(ngram), limit=k if cap is None else min(k, cap))
+        copy = self._ring.copy(_HostRing.NGRAM, ngram.to(torch.int32))
+        if step.lookahead:
+            step.ngram = copy
+        else:
+            both = _host_wait(copy)
+            step.ctl.begin(k, both[:, :k].tolist(), both[:, k].tolist())
+        self.steps_seen += 1
+        setattr(drafter, STEP_ATTR, step)
+        return step
+
+    def _lookahead_for(self, t: torch.Tensor) -> bool:
+        on = t.is_cuda if self.lookahead == "auto" else self.lookahead == "1"
+        if not self._lookahead_said:
+            self._lookahead_said = True
+            if on:
+                logger.info("radiance: dynamic-draft decides each draft slot while the next forward runs "
+                            "(look-ahead; a stop drops the slot that ran ahead)")
+            else:
+                why = ("RADIANCE_DRAFT_LOOKAHEAD=0" if self.lookahead == "0" else
+                       "CPU tensors are copied synchronously, there is no forward to overlap")
+                logger.info("radiance: dynamic-draft look-ahead off (%s): each slot is decided before "
+                            "the next forward", why)
+        return on
+
+    def _begin_now(self, step: _Step) -> None:
+        """The deferred ``begin``: the n-gram continuations' copy has long arrived."""
+        if step.ngram is not None:
+            both = _host_wait(step.ngram)
+            step.ngram = None
+            step.ctl.begin(step.k, both[:, :step.k].tolist(), both[:, step.k].tolist())
+
+    def _settle_credit(self, runner) -> None:
+        pending = getattr(runner, CREDIT_ATTR, None)
+        if pending is None:
+            return
+        setattr(runner, CREDIT_ATTR, None)
+        req_ids, copy = pending
+        self._credit_acceptance(runner, req_ids, [[int(t) for t in row if t >= 0] for row in _host_wait(copy)])
 
     def _credit_acceptance(self, runner, req_ids, valid) -> None:
         """The previous step's drafts met the target: count accepted tokens (all, n-gram)."""
@@ -351,6 +462,10 @@ class DynamicDraftPatch(Patch):
             finally:
                 step = getattr(self.drafter, STEP_ATTR, None)
                 setattr(self.drafter, STEP_ATTR, None)
+                try:  # the previous step's acceptance, before this step's drafts replace it
+                    patch._settle_credit(self)
+                except Exception as exc:
+                    patch.fault(f"step accounting: {type(exc).__name__}: {exc}")
                 if step is not None and step.drafts is not None and not patch.latched_off:
                     try:
                         patch._after_step(self, step)
@@ -400,7 +515,15 @@ class DynamicDraftPatch(Patch):
             step: _Step | None = getattr(self, STEP_ATTR, None)
             if step is None or patch.latched_off:
                 return orig(self, hidden_states, sampling_metadata)
+            if step.pending is not None:
+                # the previous slot, decided now that this slot's forward is queued behind it
+                verdict = patch._settle(step)
+                if verdict == "latched":  # every rank, this slot: stock from here on
+                    return orig(self, hidden_states, sampling_metadata)
+                if verdict == "done":  # this slot's forward ran ahead: dropped
+                    raise _StopDrafting
             tp = patch._tp()[0]
+            lookahead = step.lookahead and not step.last_slot(step.slot)
             if tp == 1:
                 try:
                     token, conf = patch._top1(self, hidden_states)
@@ -409,20 +532,30 @@ class DynamicDraftPatch(Patch):
                     # latch and returns stock's own draft
                     patch.latch_off(f"draft slot: {type(exc).__name__}: {exc}")
                     return orig(self, hidden_states, sampling_metadata)
+                flags, local_reason = None, None
             else:
-                token, conf, faulted, local_reason = patch._top1_collective(self, hidden_states, step)
-                if faulted:  # every rank, this slot: stock from here on
+                token, conf, flags, local_reason, faulted = patch._top1_collective(
+                    self, hidden_states, step, defer=lookahead)
+                if faulted:  # known now: every rank, this slot, stock from here on
                     patch._agreed_latch(faulted, local_reason)
                     return orig(self, hidden_states, sampling_metadata)
             try:
                 if token.shape[0] != step.batch:
                     raise RuntimeError(f"draft batch {token.shape[0]} != {step.batch} requests")
-                packed = torch.stack([token.to(torch.int32), conf.float().view(torch.int32)])
-                host = packed.cpu().numpy()  # the one per-slot device->host copy
-                j = step.slot
-                step.slot = j + 1
-                done = step.ctl.observe(j, host[0].tolist(), host[1].view(np.float32).tolist())
-                patch.slots_observed += 1
+                parts = [token.to(torch.int32), conf.float().view(torch.int32)]
+                if flags is not None:
+                    parts.append(flags.to(torch.int32))
+                copy = patch._ring.copy(_HostRing.SLOT + step.slot, torch.cat(parts))  # the one per-slot copy
+                step.pending = (step.slot, copy, local_reason)
+                step.slot += 1
+                if not lookahead:
+                    verdict = patch._settle(step)
+                    if verdict == "latched":
+                        return orig(self, hidden_states, sampling_metadata)
+                    if verdict == "done":
+                        raise _StopDrafting
+            except _StopDrafting:
+                raise
             except Exception as exc:
                 if tp > 1:  # past the exchange: no way to agree within this step (module doc)
                     raise RuntimeError(f"radiance dynamic-draft: fault after the TP exchange, on one rank "
@@ -430,11 +563,27 @@ class DynamicDraftPatch(Patch):
                         from exc
                 patch.latch_off(f"draft slot: {type(exc).__name__}: {exc}")
                 return orig(self, hidden_states, sampling_metadata)
-            if done:
-                raise _StopDrafting
             return token, None
 
         return _sample_draft_tokens
+
+    def _settle(self, step: _Step) -> str:
+        """Decide the pending slot from its host copy: "done" (no request drafts any more),
+        "drafting", or "latched" (TP>1: the slot's exchange said a rank faulted; every rank latches
+        here). A failure here is after the exchange: it raises (the caller says how)."""
+        j, copy, local_reason = step.pending
+        step.pending = None
+        host = _host_wait(copy)
+        b = step.batch
+        if host.shape[0] > 2 * b:  # TP>1, look-ahead: the faulted ranks came with the slot
+            faulted = [r for r, f in enumerate(host[2 * b:].tolist()) if f]
+            if faulted:
+                self._agreed_latch(faulted, local_reason)
+                return "latched"
+        self._begin_now(step)
+        done = step.ctl.observe(j, host[:b].tolist(), host[b:2 * b].view(np.float32).tolist())
+        self.slots_observed += 1
+        return "done" if done else "drafting"
 
     def _head_of(self, model):
         """(logits processor, head, shard) when drafts can be taken from vocabulary shards, else None."""
@@ -454,12 +603,15 @@ class DynamicDraftPatch(Patch):
         logits = proposer.model.compute_logits(hidden_states)
         return sample_top1(logits, 0, logits.shape[-1])
 
-    def _top1_collective(self, proposer, hidden_states, step: _Step):
-        """TP>1: (token, confidence, faulted ranks, this rank's fault) for one draft slot. Every rank
-        reaches the same exchange whatever happened locally; a rank with a fault (pending, a poisoned
-        step, or raised here before the exchange) sends NaN, and ``faulted`` is the same list on every
-        rank. With the head readable by shard the exchange is the three per-row stats (the token
-        without gathering the rows); otherwise a one-flag gather before vLLM's gathered logits."""
+    def _top1_collective(self, proposer, hidden_states, step: _Step, defer: bool = False):
+        """TP>1: (token, confidence, faulted flags, this rank's fault, faulted ranks) for one draft
+        slot. Every rank reaches the same exchange whatever happened locally; a rank with a fault
+        (pending, a poisoned step, or raised here before the exchange) sends NaN. ``defer``
+        (look-ahead): the per-rank flags stay on the device, to travel with the slot's host copy,
+        and a faulted row's token is a valid id (0) for the forward that runs ahead; else the
+        faulted ranks are read now, the same list on every rank. With the head readable by shard the
+        exchange is the three per-row stats (the token without gathering the rows); otherwise a
+        one-flag gather before vLLM's gathered logits."""
         from vllm.distributed import (get_tensor_model_parallel_world_size,
                                       tensor_model_parallel_all_gather)
 
@@ -474,13 +626,14 @@ class DynamicDraftPatch(Patch):
             flag = hidden_states.new_zeros((1, 1), dtype=torch.float32)
             if local_reason:
                 flag.fill_(float("nan"))
-            flags = tensor_model_parallel_all_gather(flag, dim=-1).view(tp)
-            faulted = [r for r in range(tp) if torch.isnan(flags[r]).item()]
-            if faulted:
-                return None, None, faulted, local_reason
+            bad = torch.isnan(tensor_model_parallel_all_gather(flag, dim=-1).view(tp))
+            if not defer:
+                faulted = [r for r, f in enumerate(bad.tolist()) if f]
+                if faulted:
+                    return None, None, None, local_reason, faulted
             logits = model.compute_logits(hidden_states)  # stock: gathered rows
             token, conf = sample_top1(logits, 0, logits.shape[-1])
-            return token, conf, [], None
+            return token, conf, (bad if defer else None), local_reason, []
         lp, lm_head, shard = head
         if not getattr(proposer, "_radiance_local_vocab_logged", False):
             proposer._radiance_local_vocab_logged = True
@@ -498,12 +651,17 @@ class DynamicDraftPatch(Patch):
         if stats is None:
             stats = hidden_states.new_full((b, 3), float("nan"), dtype=torch.float32)
         gathered = tensor_model_parallel_all_gather(stats.contiguous(), dim=-1).view(b, tp, 3)
-        bad = torch.isnan(gathered[..., 0]).any(dim=0) if b else gathered.new_zeros(tp, dtype=torch.bool)
-        faulted = [r for r in range(tp) if bool(bad[r])]
-        if faulted:
-            return None, None, faulted, local_reason
-        token, conf = combine(gathered)
-        return token, conf, [], None
+        nan = torch.isnan(gathered[..., 0])
+        bad = nan.any(dim=0) if b else gathered.new_zeros(tp, dtype=torch.bool)
+        if not defer:
+            faulted = [r for r, f in enumerate(bad.tolist()) if f]
+            if faulted:
+                return None, None, None, local_reason, faulted
+            token, conf = combine(gathered)
+            return token, conf, None, local_reason, []
+        token, conf = combine(torch.nan_to_num(gathered, nan=0.0))
+        token = torch.where(nan.any(dim=1), torch.zeros_like(token), token)
+        return token, conf, bad, local_reason, []
 
     def _make_propose(self, orig):
         patch = self
@@ -520,7 +678,15 @@ class DynamicDraftPatch(Patch):
                 out = orig(self, num_speculative_tokens, *args, **kwargs)
             except _StopDrafting:
                 out = None
-            if out is not None and (patch.latched_off or not step.ctl.done):
+            if out is not None and step.pending is not None and not patch.latched_off:
+                try:  # the loop ended on a slot still undecided (it always decides its last one)
+                    patch._settle(step)
+                except Exception as exc:
+                    if patch._tp()[0] > 1:
+                        raise RuntimeError(f"radiance dynamic-draft: fault after the TP exchange, on one "
+                                           f"rank ({type(exc).__name__}: {exc})") from exc
+                    patch.latch_off(f"draft slot: {type(exc).__name__}: {exc}")
+            if out is not None and (patch.latched_off or step.ctl is None or not step.ctl.done):
                 setattr(self, STEP_ATTR, None)  # a hook fell back: stock's draft stands
                 return out
             try:

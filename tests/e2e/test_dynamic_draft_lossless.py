@@ -1,6 +1,7 @@
 """dynamic-draft is lossless on real vLLM (CPU): greedy outputs byte-identical to stock MTP at the
 same maximum depth (num_speculative_tokens 8), alone and 8 at a time, on the random and (when
-present) the trained tiny model; and the MTP forwards it skips really do not run.
+present) the trained tiny model, with and without look-ahead (RADIANCE_DRAFT_LOOKAHEAD=1 forces it
+on CPU, where it is off by default); and the MTP forwards it skips really do not run.
 
 The forwards are counted independently of radiance: a forward pre-hook on the drafter model,
 installed in the worker through vLLM's collective_rpc.
@@ -69,11 +70,12 @@ def _read_counters(worker):
     return out
 
 
-def _run(model: Path, dynamic: bool, monkeypatch, speculative: bool = True) -> dict:
+def _run(model: Path, dynamic: bool, monkeypatch, speculative: bool = True, lookahead: bool = False) -> dict:
     """Start an engine (dynamic-draft on or off), generate alone and 8-wide, stop it."""
     from vllm import LLM, SamplingParams
 
     monkeypatch.setenv("RADIANCE_DYNAMIC_DRAFT", "1" if dynamic else "0")
+    monkeypatch.setenv("RADIANCE_DRAFT_LOOKAHEAD", "1" if lookahead else "0")
     monkeypatch.setenv("RADIANCE_ENABLE", "1")
     # collective_rpc ships the counting functions to the worker by pickle
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -149,7 +151,8 @@ def results(tmp_path_factory):
     out = {}
     try:
         for name, model in _models(tmp_path_factory):
-            out[name] = {"stock": _run(model, False, mp), "dynamic": _run(model, True, mp)}
+            out[name] = {"stock": _run(model, False, mp), "dynamic": _run(model, True, mp),
+                         "lookahead": _run(model, True, mp, lookahead=True)}
             if name == "trained":  # the issue asks whether spec and non-spec agree there
                 out[name]["nonspec"] = _run(model, False, mp, speculative=False)
     finally:
@@ -162,19 +165,30 @@ def results(tmp_path_factory):
 
 def test_dynamic_draft_was_active(results):
     for name, r in results.items():
-        st = r["dynamic"]["state"]
-        assert st.get("applied"), f"{name}: patch not applied: {st}"
-        assert not st.get("latched"), f"{name}: latched off: {st['latched']}"
-        assert st["counters"]["steps"] > 0, f"{name}: the controller never ran: {st}"
+        for run in ("dynamic", "lookahead"):
+            st = r[run]["state"]
+            assert st.get("applied"), f"{name}/{run}: patch not applied: {st}"
+            assert not st.get("latched"), f"{name}/{run}: latched off: {st['latched']}"
+            assert st["counters"]["steps"] > 0, f"{name}/{run}: the controller never ran: {st}"
 
 
+@pytest.mark.parametrize("run", ["dynamic", "lookahead"])
 @pytest.mark.parametrize("mode", ["alone", "batch"])
-def test_greedy_outputs_identical_to_stock_mtp(results, mode):
+def test_greedy_outputs_identical_to_stock_mtp(results, mode, run):
     for name, r in results.items():
-        stock, dyn = r["stock"][mode], r["dynamic"][mode]
+        stock, dyn = r["stock"][mode], r[run][mode]
         assert all(len(t) == MAX_TOKENS for t in stock + dyn)
         diff = [i for i, (a, b) in enumerate(zip(stock, dyn)) if a != b]
-        assert not diff, f"{name}/{mode}: prompts {diff} differ from stock MTP"
+        assert not diff, f"{name}/{mode}/{run}: prompts {diff} differ from stock MTP"
+
+
+def test_lookahead_runs_at_most_one_forward_more_per_step(results):
+    """A stop drops the one forward that ran ahead; the drafts, and so the verified tokens, are the same."""
+    for name, r in results.items():
+        for mode in ("alone", "batch"):
+            plain, ahead = r["dynamic"][f"forwards_{mode}"], r["lookahead"][f"forwards_{mode}"]
+            steps = r["lookahead"]["state"]["counters"]["steps"]
+            assert plain <= ahead <= plain + steps, (name, mode, plain, ahead, steps)
 
 
 def test_skipped_forwards_do_not_run(results):

@@ -5,8 +5,10 @@ TP=1 is no reference for TP=2: a near-tie may break the other way. The reference
 same TP and the same depth:
 
 * stock MTP (RADIANCE_DYNAMIC_DRAFT=0) -- what dynamic-draft must reproduce token for token;
-* dynamic-draft with the drafts taken from gathered logit rows (RADIANCE_DRAFT_LOCAL_VOCAB=0) --
-  what the local-vocabulary path (three floats per row exchanged, never the row) must reproduce.
+* dynamic-draft with the drafts taken from gathered logit rows (RADIANCE_DRAFT_LOCAL_VOCAB=0) and
+  each slot decided before the next forward -- what the local-vocabulary path (three floats per
+  row exchanged, never the row), here with look-ahead (RADIANCE_DRAFT_LOOKAHEAD=1: slot j decided
+  while slot j+1 runs, the fault flags travelling with the slot), must reproduce.
 """
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ HERE = Path(__file__).resolve().parent
 TRAINED = HERE.parents[1] / "models" / "tiny-qwen3next-trained"
 RUNS = {
     "stock": {"RADIANCE_DYNAMIC_DRAFT": "0"},
-    "local": {"RADIANCE_DYNAMIC_DRAFT": "1", "RADIANCE_DRAFT_LOCAL_VOCAB": "1"},
-    "gathered": {"RADIANCE_DYNAMIC_DRAFT": "1", "RADIANCE_DRAFT_LOCAL_VOCAB": "0"},
+    "local": {"RADIANCE_DYNAMIC_DRAFT": "1", "RADIANCE_DRAFT_LOCAL_VOCAB": "1", "RADIANCE_DRAFT_LOOKAHEAD": "1"},
+    "gathered": {"RADIANCE_DYNAMIC_DRAFT": "1", "RADIANCE_DRAFT_LOCAL_VOCAB": "0", "RADIANCE_DRAFT_LOOKAHEAD": "0"},
 }
 
 
@@ -50,8 +52,10 @@ def test_local_vocab_path_ran(runs):
     _, log = runs["local"]
     assert "dynamic-draft samples drafts from vocabulary shards (TP=2" in log, log[-3000:]
     assert "latched off" not in log and "runs stock MTP" not in log, log[-3000:]
+    assert "decides each draft slot while the next forward runs" in log, log[-3000:]
     _, log = runs["gathered"]
     assert "vocabulary shards" not in log and "latched off" not in log, log[-3000:]
+    assert "look-ahead off (RADIANCE_DRAFT_LOOKAHEAD=0)" in log, log[-3000:]
 
 
 def test_tp2_dynamic_draft_equals_stock_mtp_at_tp2(runs):

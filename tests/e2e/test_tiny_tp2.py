@@ -8,7 +8,9 @@ served once and asked the same greedy questions through the gateway, alone and 8
 * int4-head and fp8-stream are target-side: their agreement with stock is measured and printed
   (fp8-stream against the same radiance_fp8 linears without the contract is expected to be exact: the
   epilogue and the stock path quantise with the same arithmetic; int4-head is gated, not asserted).
-The comparison servers skip the gate (`--skip-gate`): what they are for is their tokens.
+The comparison servers skip the gate (`--skip-gate`): what they are for is their tokens. Every server
+runs dynamic-draft's look-ahead (RADIANCE_DRAFT_LOOKAHEAD=1; off by default on CPU), so "all" equal
+to "target_only" is also look-ahead equal to stock MTP.
 
 One more server runs all four with a fault injected into dynamic-draft's per-slot capture on TP rank 1
 only (tests/e2e/inject_fault: a sitecustomize on the engine's PYTHONPATH, set through that variant's
@@ -51,6 +53,9 @@ VARIANTS = {  # name -> features turned off (the rest as the profile ships them)
 }
 FAULT_ENV = {"E2E_FAULT_RANK": "1", "E2E_FAULT_AFTER": "40",
              "PYTHONPATH": str(Path(__file__).resolve().parent / "inject_fault")}
+# dynamic-draft's look-ahead is off by default on CPU; forced on for the variants that run it (the
+# deferred decisions, and the fault flags travelling with a slot, on real vLLM at TP=2)
+LOOKAHEAD = {"RADIANCE_DRAFT_LOOKAHEAD": "1"}
 
 
 def _variant_profile(tmp: Path, name: str, off: dict, profile: Path = PROFILE, env: dict | None = None) -> Path:
@@ -83,7 +88,7 @@ def _serve(tmp_root: Path, name: str, off: dict, profile: Path = PROFILE, model:
         env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
     path = profile if not (off or env) else _variant_profile(tmp_root, name, off, profile, env)
     args = () if not (off or env) else ("--skip-gate",)
-    dep = start(tmp_root / name, str(path), args=args)
+    dep = start(tmp_root / name, str(path), args=args, extra_env=LOOKAHEAD)
     try:
         assert dep.up.returncode == 0, f"{name}: radiance up exited {dep.up.returncode}:\n{dep.up.stdout}\n" \
                                        f"{dep.up.stderr}"

@@ -148,8 +148,27 @@ def test_tokens_not_yet_in_the_host_rows():
     b, m = Batch(), ContextMirror(MAX_ROWS, MAX_LEN, "cpu")
     b.text = {"a": [1, 2, 3]}
     b.place(0, "a")
-    n = m.update(b.req_ids, b.tokens, b.n, extra=[[4, 5]])
+    n = m.update(b.req_ids, b.tokens, b.n, sampled=torch.tensor([[4, 5, -1]]))
     assert n.tolist() == [5] and m.tokens[0, :5].tolist() == [1, 2, 3, 4, 5]
     b.grow("a", [4, 9])  # bookkeeping wrote what was really kept (here: not what we guessed)
     b.check(m)
     assert m.copied_last_step == 2
+
+
+def test_sampled_tokens_of_a_row_in_chunked_prefill_are_not_taken():
+    b, m = Batch(), ContextMirror(MAX_ROWS, MAX_LEN, "cpu")
+    b.text = {"a": [1, 2, 3], "c": [7, 8]}
+    b.place(0, "a")
+    b.place(1, "c")
+    n = m.update(b.req_ids, b.tokens, b.n, sampled=torch.tensor([[4, -1, -1], [9, 9, -1]]),
+                 discard=np.array([False, True]))
+    assert n.tolist() == [4, 2]
+    assert m.tokens[0, :4].tolist() == [1, 2, 3, 4] and m.tokens[1, :2].tolist() == [7, 8]
+    assert m.rows(2).shape[0] == 2   # the spare row (where -1 and discarded tokens go) is not a request's
+
+
+def test_sampled_tokens_past_the_length_limit_are_dropped_not_an_error():
+    m = ContextMirror(2, 6, "cpu", initial_len=6)
+    n = m.update(["a"], np.array([[1, 2, 3, 4, 5, 0]], dtype=np.int32), np.array([5]),
+                 sampled=torch.tensor([[6, 7, 8]]))
+    assert n.tolist() == [6] and m.tokens[0].tolist() == [1, 2, 3, 4, 5, 6]

@@ -85,10 +85,11 @@ def bind(patch, fake, monkeypatch):
     return types.MethodType(patch._make_propose(FakeProposer.stock_propose), fake)
 
 
-def start(fake, k, cont, clen, ragged, schedule=()):
+def start(fake, k, cont, clen, ragged, schedule=(), lookahead=False):
     ctl = StepController(DraftPolicy(tau=0.28, schedule=schedule))
     ctl.begin(k, cont, clen)
-    setattr(fake, pp.STEP_ATTR, pp._Step(ctl, k, len(clen), ragged, [f"r{i}" for i in range(len(clen))]))
+    setattr(fake, pp.STEP_ATTR, pp._Step(ctl, k, len(clen), ragged, [f"r{i}" for i in range(len(clen))],
+                                         lookahead=lookahead, limit=ctl.limit))
 
 
 @pytest.mark.parametrize("ragged", [True, False])
@@ -108,6 +109,46 @@ def test_loop_break_skips_the_remaining_forwards(patch, monkeypatch, ragged):
     else:  # full width: the draft, then MTP tokens drafted past it, then a repeat
         assert out.tolist() == [[10, 11, 5, 6, 6, 6, 6, 6], [20, 21, 21, 21, 21, 21, 21, 21]]
     assert getattr(fake, pp.STEP_ATTR).drafts == drafts
+
+
+@pytest.mark.parametrize("ragged", [True, False])
+def test_lookahead_runs_one_forward_ahead_and_drafts_the_same(patch, monkeypatch, ragged):
+    """Slot j is decided while slot j+1's forward has run: the stop drops that one forward, the
+    drafts are the ones decided without look-ahead (test_loop_break_skips_the_remaining_forwards)."""
+    k = 8
+    tokens = [[10, 20], [11, 21], [12, 22], [13, 23], [14, 24], [15, 25], [16, 26], [17, 27]]
+    confs = [[0.9, 0.9], [0.9, 0.2]] + [[0.9, 0.9]] * 6
+    fake = FakeProposer(tokens, confs)
+    propose = bind(patch, fake, monkeypatch)
+    start(fake, k, [[99, 11, 5, 6, -1, -1, -1, -1], [-1] * k], [4, 0], ragged, lookahead=True)
+    out = propose(k)
+    assert fake.forwards == 3  # one ran ahead of the stop; stock would have run 8
+    drafts = [[10, 11, 5, 6], [20, 21]]
+    assert (out if ragged else out.tolist()) == (drafts if ragged else
+                                                 [[10, 11, 5, 6, 6, 6, 6, 6], [20, 21, 21, 21, 21, 21, 21, 21]])
+    assert getattr(fake, pp.STEP_ATTR).drafts == drafts
+
+
+def test_lookahead_never_runs_past_the_forward_cap(patch, monkeypatch):
+    """The cap is known before any confidence: the capped slot is decided at once, nothing runs ahead."""
+    k = 8
+    fake = FakeProposer([[1, 2]] * k, [[0.99, 0.99]] * k)
+    propose = bind(patch, fake, monkeypatch)
+    start(fake, k, [[-1] * k, [-1] * k], [0, 0], ragged=True, schedule=((1, 3),), lookahead=True)
+    out = propose(k)
+    assert fake.forwards == 3 and out == [[1, 1, 1], [2, 2, 2]]
+
+
+def test_lookahead_defers_the_ngram_read_to_the_first_decision(patch, monkeypatch):
+    """start_step with look-ahead: begin() happens when slot 0 is decided, with the same numbers."""
+    fake = FakeProposer([[7], [8], [9]], [[0.9]] * 3)
+    propose = bind(patch, fake, monkeypatch)
+    patch.policy = DraftPolicy(tau=0.28, schedule=())
+    patch.lookahead = "1"
+    step = patch.start_step(fake, 3, True, ["r0"], torch.tensor([[7, 8, 5, 3]]))
+    assert step.lookahead and step.ngram is not None and step.ctl.k == 0  # not begun yet
+    out = propose(3)
+    assert out == [[7, 8, 5]] and fake.forwards == 2 and step.ngram is None
 
 
 def test_without_a_step_the_proposer_is_stock(patch, monkeypatch):
@@ -184,11 +225,11 @@ def test_the_exchange_latches_every_rank_at_the_same_slot(patch, monkeypatch, ra
         patch.fault_pending = "injected"
     seen = []
 
-    def exchange(proposer, hidden, step):
+    def exchange(proposer, hidden, step, defer=False):
         seen.append(step.slot)
         if step.slot == 1:
-            return None, None, [1], "injected" if rank == 1 else None
-        return (torch.tensor(tokens[proposer.forwards - 1]), torch.tensor([0.9, 0.9]), [], None)
+            return None, None, None, "injected" if rank == 1 else None, [1]
+        return (torch.tensor(tokens[proposer.forwards - 1]), torch.tensor([0.9, 0.9]), None, None, [])
 
     monkeypatch.setattr(patch, "_top1_collective", exchange)
     fake._sample_draft_tokens = types.MethodType(patch._make_sample(FakeProposer.stock_sample), fake)
@@ -219,10 +260,41 @@ def test_the_stats_exchange_carries_a_peer_fault(patch, monkeypatch):
     model = types.SimpleNamespace(logits_processor=lp, lm_head=types.SimpleNamespace(shard_indices=shard))
     proposer = types.SimpleNamespace(model=model)
     step = pp._Step(None, 4, 3, False, ["a", "b", "c"])
-    token, conf, faulted, why = patch._top1_collective(proposer, torch.zeros(3, 8), step)
+    token, conf, _, why, faulted = patch._top1_collective(proposer, torch.zeros(3, 8), step)
     assert token is None and faulted == [1] and why is None
+    # look-ahead: the flags travel on (no host read here) and the faulted rows' tokens stay valid ids
+    token, conf, flags, why, faulted = patch._top1_collective(proposer, torch.zeros(3, 8), step, defer=True)
+    assert faulted == [] and flags.tolist() == [False, True] and token.tolist() == [0, 0, 0]
     # and a healthy peer: the combined token is the argmax over both shards (here: this one)
     monkeypatch.setattr(dist, "tensor_model_parallel_all_gather",
                         lambda t, dim=-1: torch.cat([t, torch.tensor([[-1e9, 1.0, 64.0]] * 3)], dim=dim))
-    token, conf, faulted, _ = patch._top1_collective(proposer, torch.zeros(3, 8), step)
+    token, conf, _, _, faulted = patch._top1_collective(proposer, torch.zeros(3, 8), step)
     assert faulted == [] and token.tolist() == logits.argmax(-1).tolist()
+    token_la, conf_la, flags, _, _ = patch._top1_collective(proposer, torch.zeros(3, 8), step, defer=True)
+    assert flags.tolist() == [False, False] and torch.equal(token_la, token) and torch.equal(conf_la, conf)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_with_lookahead_the_fault_flags_travel_with_the_slot(patch, monkeypatch, rank):
+    """Look-ahead at TP=2: slot 1's exchange flags rank 1; every rank learns it when slot 1 is
+    decided (during slot 2) and latches there; the step finishes as stock MTP on both."""
+    _as_rank(monkeypatch, rank)
+    tokens = [[10, 20], [11, 21], [12, 22], [13, 23]]
+    fake = FakeProposer(tokens, [[0.9, 0.9]] * 4)
+    if rank == 1:
+        patch.fault_pending = "injected"
+
+    def exchange(proposer, hidden, step, defer=False):
+        assert defer == (step.slot < 3)  # the last slot is always decided at once
+        flags = torch.tensor([False, step.slot == 1])
+        why = "injected" if rank == 1 and step.slot == 1 else None
+        return torch.tensor(tokens[proposer.forwards - 1]), torch.tensor([0.9, 0.9]), flags, why, []
+
+    monkeypatch.setattr(patch, "_top1_collective", exchange)
+    fake._sample_draft_tokens = types.MethodType(patch._make_sample(FakeProposer.stock_sample), fake)
+    propose = types.MethodType(patch._make_propose(FakeProposer.stock_propose), fake)
+    start(fake, 4, [[-1] * 4, [-1] * 4], [0, 0], ragged=False, lookahead=True)
+    out = propose(4)
+    assert patch.latched_off and fake.forwards == 4
+    assert out.tolist() == [[10, 11, 12, 13], [20, 21, 22, 23]]
+    assert ("fault on TP rank 1" if rank == 1 else "TP rank(s) 1 faulted") in patch.latch_reason
