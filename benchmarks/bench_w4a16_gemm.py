@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from radiance.kernels import w4a16_gemm as wk  # noqa: E402
-from radiance.w4 import layout, quant  # noqa: E402
+from radiance.kernels import w4_layout as layout  # noqa: E402
+from radiance.w4 import quant  # noqa: E402
 
 SHAPES = {  # name: (N, K)
     "qkv": (3072, 5120),

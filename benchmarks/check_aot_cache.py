@@ -146,7 +146,7 @@ def launch_all(cache: Path) -> dict:
     @group("w4a16_gemm")
     def _w4a16():
         import radiance.kernels.w4a16_gemm  # noqa: F401  (registers torch.ops.radiance.w4a16_gemm)
-        from radiance.w4 import layout
+        from radiance.kernels import w4_layout as layout
 
         g = sh.W4A16_GROUP
         # decode batches, verification (batch x (k + 1), k = 4 MTP / 8 DFlash), prefill chunks

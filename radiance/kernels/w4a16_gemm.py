@@ -1,5 +1,5 @@
 """W4A16 GEMM: ``out[M, N] = x[M, K] @ W[N, K]^T`` with W in the packed 4-bit layout of
-``radiance.w4.layout`` (symmetric codes, one scale per output row and group of G along K).
+``radiance.kernels.w4_layout`` (symmetric codes, one scale per output row and group of G along K).
 
 bf16/fp16 activations, fp32 accumulation, output in the activation dtype.
 
@@ -53,7 +53,7 @@ import torch
 
 from radiance.kernels import aot, shipped
 from radiance.kernels.dispatch import DeviceInfo, describe, device_key, use_triton  # noqa: F401
-from radiance.w4 import layout
+from radiance.kernels import w4_layout as layout
 
 logger = logging.getLogger("radiance")
 

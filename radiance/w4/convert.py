@@ -2,7 +2,7 @@
 
 A converted layer keeps its module (same name, same place in the model) and gets:
 
-* ``w4_qweight`` / ``w4_scales``: non-persistent buffers in the layout of ``radiance.w4.layout``;
+* ``w4_qweight`` / ``w4_scales``: non-persistent buffers in the layout of ``radiance.kernels.w4_layout``;
 * ``weight`` replaced by an empty tensor of the original dtype (the memory is freed before
   vLLM profiles the KV cache, and code that only reads ``layer.weight.dtype`` still works);
 * ``quant_method`` replaced by a method whose ``apply`` runs ``torch.ops.radiance.w4a16_gemm``
@@ -21,7 +21,8 @@ import logging
 import torch
 
 from ..kernels import w4a16_gemm as wk
-from . import layout, quant
+from ..kernels import w4_layout as layout
+from . import quant
 
 logger = logging.getLogger("radiance")
 

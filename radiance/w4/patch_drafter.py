@@ -42,7 +42,8 @@ import torch
 
 from .. import envs
 from ..patching import Outcome, Patch, report, resolve
-from . import convert, layout
+from ..kernels import w4_layout as layout
+from . import convert
 from .scope import DRAFT_SCOPE
 
 logger = logging.getLogger("radiance")

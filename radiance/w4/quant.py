@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import layout
+from ..kernels import w4_layout as layout
 
 # 1.0 down to 0.525 in twenty steps; per (row, group) the best one wins. Twenty is where the
 # round-trip error stops improving on Gaussian and Student-t weights (docs/benchmarks.md).
@@ -71,7 +71,7 @@ def quantize_rows(w: torch.Tensor, group_size: int, scale_dtype: torch.dtype = t
 def quantize_pack(w: torch.Tensor, group_size: int = 128, scale_dtype: torch.dtype | None = None,
                   shrink: tuple[float, ...] = SHRINK, rows: int = DEFAULT_ROWS,
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w [N, K]`` -> (qweight int32, scales) in the packed layout (``radiance.w4.layout``),
+    """``w [N, K]`` -> (qweight int32, scales) in the packed layout (``radiance.kernels.w4_layout``),
     on ``w``'s device, ``rows`` output rows at a time."""
     if w.dim() != 2:
         raise ValueError(f"weight must be 2-D [out, in], got {tuple(w.shape)}")

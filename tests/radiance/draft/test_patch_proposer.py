@@ -298,3 +298,24 @@ def test_with_lookahead_the_fault_flags_travel_with_the_slot(patch, monkeypatch,
     assert patch.latched_off and fake.forwards == 4
     assert out.tolist() == [[10, 11, 12, 13], [20, 21, 22, 23]]
     assert ("fault on TP rank 1" if rank == 1 else "TP rank(s) 1 faulted") in patch.latch_reason
+
+
+def test_host_ring_cpu_tensor_is_a_plain_copy():
+    t = torch.arange(6, dtype=torch.int32).view(2, 3)
+    host, event = pp._HostRing().copy(pp._HostRing.SLOT, t)
+    t.zero_()
+    assert event is None and host.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.gpu
+def test_host_ring_rows_do_not_alias_and_grow():
+    ring = pp._HostRing()
+    a = torch.arange(4, dtype=torch.int32, device="cuda")
+    b = torch.arange(600, dtype=torch.int32, device="cuda").view(2, 300)  # wider than the first buffer
+    ca = ring.copy(ring.SLOT, a)
+    cb = ring.copy(ring.SLOT + 20, b)  # a row past the first allocation
+    cn = ring.copy(ring.NGRAM, a * 7)
+    assert pp._host_wait(ca).tolist() == [0, 1, 2, 3]
+    assert pp._host_wait(cb).tolist() == b.cpu().tolist()
+    assert pp._host_wait(cn).tolist() == [0, 7, 14, 21]
+    assert ca[0].is_pinned() and cb[0].is_pinned()

@@ -29,7 +29,7 @@ from radiance.kernels import gdn_norm_quant as gnq  # noqa: E402
 from radiance.kernels import ngram_match as nm  # noqa: E402
 from radiance.kernels import quant_fp8 as qf  # noqa: E402
 from radiance.kernels import w4a16_gemm as wk  # noqa: E402
-from radiance.w4 import layout  # noqa: E402
+from radiance.kernels import w4_layout as layout  # noqa: E402
 
 BF16 = torch.bfloat16
 # M beyond the kernels' tiles repeats their classes; a few large ones stand for prefill steps

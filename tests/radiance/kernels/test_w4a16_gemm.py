@@ -12,7 +12,8 @@ import torch
 from radiance.kernels import shipped
 from radiance.kernels import w4a16_gemm as wk
 from radiance.kernels.dispatch import DeviceInfo
-from radiance.w4 import layout, quant
+from radiance.kernels import w4_layout as layout
+from radiance.w4 import quant
 
 
 # (N, K, G): the drafter's four linears, both lm_heads, and odd ones (N not a multiple of any

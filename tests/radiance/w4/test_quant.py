@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from radiance.w4 import layout, quant
+from radiance.kernels import w4_layout as layout
+from radiance.w4 import quant
 
 
 def _weights(n=64, k=512, seed=0, heavy=False):

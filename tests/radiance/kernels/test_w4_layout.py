@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from radiance.w4 import layout
+from radiance.kernels import w4_layout as layout
 
 
 def test_nibble_i_of_word_j_is_k_16i_plus_j():
