@@ -32,10 +32,12 @@ def test_image_has_no_wheelhouse_and_imports_qwen35(docker_client, cpu_image):
     """The engine as `make install` builds it: no wheels left behind, no torchaudio (transformers would
     import it), and vLLM's Qwen3.5 model code importable (it needs a torchvision that loads)."""
     code = ("import importlib.util as u, os, vllm, radiance, vllm.model_executor.models.qwen3_5; "
-            "print(os.path.exists('/wheels'), u.find_spec('torchaudio') is None, vllm.__version__)")
+            "print(os.path.exists('/wheels'), u.find_spec('torchaudio') is None, vllm.__version__, "
+            # the trained tiny models its profiles name resolve in the image alone (Kubernetes: no mount)
+            "os.path.exists('/app/models/tiny-qwen3.5-trained/model.safetensors'))")
     out = docker_client.containers.run(cpu_image, ["python", "-c", code], remove=True,
                                        environment={"VLLM_TARGET_DEVICE": "cpu"})
-    assert out.decode().split()[-3:] == ["False", "True", VLLM_VERSION]
+    assert out.decode().split()[-4:] == ["False", "True", VLLM_VERSION, "True"]
 
 
 def test_engine_in_container_serves_and_stops_clean(docker_client, cpu_image, tiny_model, tmp_path):
