@@ -19,7 +19,8 @@ import aiohttp
 
 from radiance import envs
 
-from . import engine_args, engine_link, errors, gating, paths, procs
+from . import engine_args, engine_link, errors, paths, procs
+from .gate import verdict
 from .engine_link import EngineLink
 from .gateway import Gateway, GatewayState
 from .profile import Profile
@@ -214,7 +215,7 @@ class Supervisor:
                 self._phase("ready", "gate skipped by --skip-gate", ready=True)
             else:
                 self._phase("gating", "running the gate")
-                outcome = await gating.run(p, engine_url, engine_key=self.link.key, context={
+                outcome = await verdict.run(p, engine_url, engine_key=self.link.key, context={
                     "profile": p.name, "profile_hash": p.fingerprint()},
                     progress=self.progress, patches=gateway.engine_report)
                 self.state.gate_report = outcome.report_path or ""

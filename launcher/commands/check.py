@@ -5,14 +5,14 @@ import sys
 
 import click
 
-from .. import compat, console, errors
+from .. import console, errors, preflight
 from ..images import GPU_TARGETS
 
 GPU_ARCHS = {a for targets in GPU_TARGETS.values() for a in targets}
 from ._common import JSON_OPT, PROFILE_ARG, check_knobs, load
 
 
-def render(rep: compat.CompatReport) -> None:
+def render(rep: preflight.PreflightReport) -> None:
     rows = [[f.check, console.styled(f.status), f.detail] for f in rep.findings]
     console.out.print(console.table(f"radiance check — {rep.profile} ({rep.runtime}, {rep.platform})",
                                     ["check", "status", "detail"], rows))
@@ -37,7 +37,7 @@ def command(profile_path: str, as_json: bool, runtime: str | None, strict: bool,
     """
     profile = load(profile_path)
     check_knobs()
-    rep = compat.assess(profile, runtime=runtime, archs=archs)
+    rep = preflight.assess(profile, runtime=runtime, archs=archs)
     if strict:
         for f in rep.findings:
             if f.check.startswith("feature ") and f.status == "warn":

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .. import compat, console, errors, paths
+from .. import console, errors, paths, preflight
 from ..state import DeploymentState
 from ..supervisor import Supervisor, UpOptions
 from ._common import PROFILE_ARG, check_knobs, load
@@ -77,7 +77,7 @@ def command(profile_path: str, runtime: str | None, detach: bool, port: int | No
                                    f"`radiance down {profile.name}` first")
 
     if not supervised:
-        rep = compat.assess(profile, runtime=runtime, capabilities=False)
+        rep = preflight.assess(profile, runtime=runtime, capabilities=False)
         if not rep.compatible:
             for f in rep.findings:
                 if f.status == "fail":

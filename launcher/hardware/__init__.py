@@ -25,7 +25,7 @@ from .types import GIB, DeviceNode, GpuInfo, HardwareReport, HostInfo, Platform,
 from .visibility import resolve
 
 __all__ = [
-    "CheckResult",
+    "HardwareVerdict",
     "DeviceNode",
     "GpuInfo",
     "HardwareReport",
@@ -102,7 +102,7 @@ def probe_all(
 
 
 @dataclass
-class CheckResult:
+class HardwareVerdict:
     platform: Platform  # the platform the checks were made for ("auto" resolved)
     visible: list[GpuInfo] = field(default_factory=list)  # GPUs the workload will see, in its order
     problems: list[str] = field(default_factory=list)
@@ -129,7 +129,7 @@ def evaluate(
     min_memory_gib: float | None = None,
     platform_wanted: PlatformWanted = "auto",
     environ: Mapping[str, str] | None = None,
-) -> CheckResult:
+) -> HardwareVerdict:
     """Everything ``check`` finds, plus warnings and the GPUs that will be used.
 
     ``min_memory_gib`` is per GPU (what one tensor-parallel shard needs); on the CPU platform it
@@ -139,7 +139,7 @@ def evaluate(
         raise ValueError(f"platform_wanted={platform_wanted!r}: expected auto, rocm, cuda or cpu")
     environ = dict(os.environ if environ is None else environ)
     platform: Platform = report.platform if platform_wanted == "auto" else platform_wanted
-    result = CheckResult(platform=platform, warnings=list(report.warnings))
+    result = HardwareVerdict(platform=platform, warnings=list(report.warnings))
 
     if platform == "cpu":
         if platform_wanted == "cpu" and report.gpus:
@@ -269,7 +269,7 @@ def _rw(d: DeviceNode) -> str:
     return "/".join(missing) + " denied"
 
 
-def _check_host_memory(host: HostInfo, min_memory_gib: float | None, result: CheckResult) -> None:
+def _check_host_memory(host: HostInfo, min_memory_gib: float | None, result: HardwareVerdict) -> None:
     if min_memory_gib is None:
         return
     if host.memory_total_bytes is None:

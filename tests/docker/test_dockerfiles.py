@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dockerfile_parse import env, expand, labels, parse, stage_args
+from dockerfiles import env, expand, labels, parse, stage_args
 from launcher import images
 from radiance.kernels.aot import ARCHS
 from radiance.versions import RADIANCE_VERSION, VLLM_TAG, VLLM_VERSION

@@ -1,9 +1,9 @@
 """`radiance check` reads vllm_args with vLLM's own parser (real vLLM, in a subprocess)."""
-from launcher import compat
+from launcher import preflight
 
 
 def test_vllm_parser_judges_each_flag():
-    found = compat.vllm_args_problems({
+    found = preflight.vllm_args_problems({
         "enforce-eager": "maybe-yes",          # an on/off flag given a word: would become the model
         "max-num-seqs": "many",                # not an int
         "no-such-flag": 1,                     # not a vLLM flag

@@ -1,7 +1,10 @@
-"""A small Dockerfile reader for the structure tests: instructions, stages, ARG defaults, and
-build-arg expansion the way the classic builder does it (enough for these files, no more)."""
+"""The Dockerfiles as the structure tests read them: instructions (parsed by the `dockerfile-parse`
+library: continuations, comments, line numbers), grouped into stages, with ARG defaults and build-arg
+expansion the way the classic builder does it (``${VAR:-default}`` included, which the library's own
+substitution lacks)."""
 from __future__ import annotations
 
+import io
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -42,24 +45,12 @@ class Dockerfile:
 
 
 def instructions(text: str) -> list[Instruction]:
-    out: list[Instruction] = []
-    buf, start = "", 0
-    for n, raw in enumerate(text.splitlines(), 1):
-        stripped = raw.strip()
-        if not buf and (not stripped or stripped.startswith("#")):
-            continue
-        if buf and stripped.startswith("#"):
-            continue  # comments inside a continued instruction are dropped by the builder
-        if not buf:
-            start = n
-        if stripped.endswith("\\"):
-            buf += stripped[:-1] + " "
-            continue
-        buf += stripped
-        op, _, args = buf.partition(" ")
-        out.append(Instruction(op.upper(), args.strip(), start))
-        buf = ""
-    return out
+    from dockerfile_parse import DockerfileParser
+
+    parser = DockerfileParser(fileobj=io.BytesIO(text.encode()))
+    # continuation lines joined with single spaces, as the builder's shell sees them
+    return [Instruction(i["instruction"], " ".join(i["value"].split()), i["startline"] + 1)
+            for i in parser.structure if i["instruction"] != "COMMENT"]
 
 
 def parse_args(arg_text: str) -> tuple[str, str | None]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from . import paths
-from .profile import Profile
+from .. import paths
+from ..profile import Profile
 
 
 @dataclass
@@ -27,8 +27,8 @@ async def run(profile: Profile, engine_url: str, *, context: dict, engine_key: s
               patches: Callable[[], Awaitable] | None = None) -> GateOutcome:
     """``patches``: what the engine says of its patches (read after the gate's traffic, the first the
     engine serves: its report rides its first steps), recorded in the report's context."""
-    from .gate import report as gate_report
-    from .gate.runner import run_gate_async
+    from . import report as gate_report
+    from .runner import run_gate_async
 
     context = {"drafter": profile.drafter.type, "features_enabled": profile.features.enabled_names(), **context}
     # The gate talks to the engine directly (its socket, its key): the gateway proxies nothing until the

@@ -43,7 +43,7 @@ class FeatureVerdict:
 
 
 @dataclass
-class CompatReport:
+class PreflightReport:
     profile: str
     profile_hash: str
     platform: str
@@ -196,14 +196,14 @@ def resolve_platform(profile: Profile, hw: "hardware.HardwareReport") -> str:
 
 
 def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool = True,
-           root: Path = Path("/"), kernels: bool | None = None, archs: tuple[str, ...] = ()) -> CompatReport:
+           root: Path = Path("/"), kernels: bool | None = None, archs: tuple[str, ...] = ()) -> PreflightReport:
     """``capabilities``: read the engine's capability table (local runtime) and compile the
     kernels for the target archs (``kernels`` overrides the latter); off for `up`, which only
     needs the hardware verdict and the static feature table."""
     runtime = runtime or profile.runtime.kind
     hw = hardware.probe_all(root=root)
     platform = resolve_platform(profile, hw)
-    rep = CompatReport(profile=profile.name, profile_hash=profile.fingerprint(), platform=platform,
+    rep = PreflightReport(profile=profile.name, profile_hash=profile.fingerprint(), platform=platform,
                        runtime=runtime, hardware=hw.to_dict())
 
     gpus = ", ".join(f"{g.name} ({g.arch})" for g in hw.gpus) or "none"
