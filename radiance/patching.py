@@ -83,9 +83,6 @@ class Patch:
     feature: str = ""  # profile feature it belongs to; "" = always on with the plugin
     hook_points: tuple[str, ...] = ()
     vllm_range: tuple[str, str] = SUPPORTED_VLLM
-    # "any": every process; "worker": only where the model runs (GPU touched)
-    where: str = "any"
-    enable_knob: str | None = None
 
     def __init__(self) -> None:
         self._replaced: list[tuple[Any, str, Any]] = []
@@ -94,8 +91,18 @@ class Patch:
         self.latch_reason = ""
 
     # -- to override -------------------------------------------------------------------
+    @property
+    def enable_knob(self) -> str | None:
+        """The feature's on/off knob, from the one feature table (None: no such feature, always on with
+        the plugin)."""
+        from .features import BY_NAME
+
+        feature = BY_NAME.get(self.feature)
+        return feature.knob if feature else None
+
     def enabled(self) -> bool:
-        return True if self.enable_knob is None else bool(envs.get(self.enable_knob))
+        knob = self.enable_knob
+        return True if knob is None else bool(envs.get(knob))
 
     def guard(self) -> str | None:
         """Extra preconditions; return a reason to decline, or None."""
@@ -239,11 +246,9 @@ def report() -> Report:
 class Registry:
     patches: list[Patch] = field(default_factory=list)
 
-    def install_all(self, vllm_version: str | None, where: str = "any") -> list[Outcome]:
+    def install_all(self, vllm_version: str | None) -> list[Outcome]:
         outcomes = []
         for patch in self.patches:
-            if patch.where != "any" and patch.where != where:
-                continue
             outcome = patch.install(vllm_version)
             if outcome.reason != "already applied":
                 _REPORT.record(outcome)

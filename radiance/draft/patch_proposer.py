@@ -181,8 +181,6 @@ def _vllm_config_v2() -> bool | None:
 class DynamicDraftPatch(Patch):
     name = "dynamic_draft.proposer"
     feature = "dynamic_draft"
-    enable_knob = "RADIANCE_DYNAMIC_DRAFT"
-    where = "any"  # replaces class attributes only; the device state is made in the worker
     hook_points = (
         f"{_PROPOSER}.propose",
         f"{_PROPOSER}._sample_draft_tokens",

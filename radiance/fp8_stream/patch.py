@@ -106,10 +106,8 @@ def replan_for_taps(core, sizes=None) -> str | None:
 class Fp8StreamPatch(Patch):
     name = PATCH_NAME
     feature = "fp8_stream"
-    enable_knob = "RADIANCE_FP8_STREAM"
     # Only class attributes of the loader and of the EAGLE mixin are replaced; the plan is
     # made per loaded model, in whichever process loads one.
-    where = "any"
     hook_points = (  # replaced
         "vllm.model_executor.model_loader.base_loader.BaseModelLoader.load_model",
         "vllm.model_executor.models.interfaces.EagleModelMixin._set_aux_hidden_state_layers",

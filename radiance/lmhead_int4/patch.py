@@ -78,8 +78,6 @@ def _model_config():
 class Int4HeadPatch(Patch):
     name = "int4_head.lm_head"
     feature = "int4_head"
-    enable_knob = "RADIANCE_INT4_HEAD"
-    where = "any"  # class attributes only; conversion happens where the model loads
     hook_points = (
         _HOOK,
         _LINEAR_HOOK,

@@ -93,8 +93,6 @@ def w4_guard(patch: Patch) -> str | None:
 class W4DrafterPatch(Patch):
     name = "w4_drafter.linears"
     feature = "w4_drafter"
-    enable_knob = "RADIANCE_W4_DRAFTER"
-    where = "any"  # class attributes only; conversion happens where the drafter loads
     hook_points = (_UNQUANT, "vllm.model_executor.layers.linear.LinearBase")
 
     def __init__(self) -> None:
