@@ -96,19 +96,19 @@ def stage_args(stage: Stage, build_args: dict[str, str]) -> dict[str, str]:
     return values
 
 
-def labels(stage: Stage, values: dict[str, str]) -> dict[str, str]:
+def _key_values(stage: Stage, op: str, values: dict[str, str], chained: bool) -> dict[str, str]:
+    """KEY=VALUE pairs of a stage's LABEL or ENV lines; ENV values see the ENV keys set before them."""
     out: dict[str, str] = {}
-    for ins in stage.ops("LABEL"):
+    for ins in stage.ops(op):
         for token in shlex.split(ins.args):
             k, _, v = token.partition("=")
-            out[k] = expand(v, values)
+            out[k] = expand(v, {**values, **out} if chained else values)
     return out
+
+
+def labels(stage: Stage, values: dict[str, str]) -> dict[str, str]:
+    return _key_values(stage, "LABEL", values, chained=False)
 
 
 def env(stage: Stage, values: dict[str, str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for ins in stage.ops("ENV"):
-        for token in shlex.split(ins.args):
-            k, _, v = token.partition("=")
-            out[k] = expand(v, {**values, **out})
-    return out
+    return _key_values(stage, "ENV", values, chained=True)
