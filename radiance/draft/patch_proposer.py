@@ -131,7 +131,8 @@ class _HostRing:
     then costs the copy and an event record, no allocation (the pinned allocator and event creation
     cost more host time than the copy). Row ``NGRAM`` holds the step's n-gram continuations, ``CREDIT``
     its sampled tokens, ``SLOT + j`` draft slot j; each row is read (after its event) before the next
-    copy into it is issued. Non-int32 and CPU tensors take a plain copy."""
+    copy into it is issued. Every copy is int32 (token ids, confidences' bits, flags); a CPU tensor
+    takes a plain copy."""
 
     NGRAM, CREDIT, SLOT = 0, 1, 2
 
@@ -142,15 +143,10 @@ class _HostRing:
     def copy(self, row: int, t: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
         if not t.is_cuda:
             return t.to("cpu", copy=True), None
-        if t.dtype != torch.int32:
-            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            host.copy_(t, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            return host, event
+        assert t.dtype == torch.int32, t.dtype
         n = t.numel()
         if self.buf is None or self.buf.shape[0] <= row or self.buf.shape[1] < n:
-            rows = max(row + 1, 0 if self.buf is None else self.buf.shape[0], 2 + 8)
+            rows = max(row + 1, 0 if self.buf is None else self.buf.shape[0], self.SLOT + 8)
             width = max(n, 0 if self.buf is None else self.buf.shape[1], 256)
             self.buf = torch.empty((rows, width), dtype=torch.int32, pin_memory=True)
             self.events = [torch.cuda.Event() for _ in range(rows)]
@@ -354,7 +350,7 @@ class DynamicDraftPatch(Patch):
         # bookkeeping (padded drafter batch, the default); a list after it.
         sampled = sampled_token_ids[:b] if torch.is_tensor(sampled_token_ids) else None
         if sampled is not None:
-            setattr(runner, CREDIT_ATTR, (req_ids, self._ring.copy(_HostRing.CREDIT, sampled)))
+            setattr(runner, CREDIT_ATTR, (req_ids, self._ring.copy(_HostRing.CREDIT, sampled.to(torch.int32))))
         else:
             self._credit_acceptance(runner, req_ids, [list(t) for t in sampled_token_ids[:b]])
         reason = self._step_or_reason(runner, sampling_metadata, k) if b else "the batch is empty"
@@ -555,15 +551,19 @@ class DynamicDraftPatch(Patch):
             except _StopDrafting:
                 raise
             except Exception as exc:
-                if tp > 1:  # past the exchange: no way to agree within this step (module doc)
-                    raise RuntimeError(f"radiance dynamic-draft: fault after the TP exchange, on one rank "
-                                       f"({type(exc).__name__}: {exc}); stopping rather than splitting the ranks") \
-                        from exc
-                patch.latch_off(f"draft slot: {type(exc).__name__}: {exc}")
+                patch._fault_after_exchange(exc, tp)
                 return orig(self, hidden_states, sampling_metadata)
             return token, None
 
         return _sample_draft_tokens
+
+    def _fault_after_exchange(self, exc: Exception, tp: int) -> None:
+        """A fault past the slot's TP exchange: at TP > 1 the ranks can no longer agree within the
+        step, so it is raised (module doc); at TP = 1 the feature latches off here."""
+        if tp > 1:
+            raise RuntimeError(f"radiance dynamic-draft: fault after the TP exchange, on one rank "
+                               f"({type(exc).__name__}: {exc}); stopping rather than splitting the ranks") from exc
+        self.latch_off(f"draft slot: {type(exc).__name__}: {exc}")
 
     def _settle(self, step: _Step) -> str:
         """Decide the pending slot from its host copy: "done" (no request drafts any more),
@@ -680,10 +680,7 @@ class DynamicDraftPatch(Patch):
                 try:  # the loop ended on a slot still undecided (it always decides its last one)
                     patch._settle(step)
                 except Exception as exc:
-                    if patch._tp()[0] > 1:
-                        raise RuntimeError(f"radiance dynamic-draft: fault after the TP exchange, on one "
-                                           f"rank ({type(exc).__name__}: {exc})") from exc
-                    patch.latch_off(f"draft slot: {type(exc).__name__}: {exc}")
+                    patch._fault_after_exchange(exc, patch._tp()[0])
             if out is not None and (patch.latched_off or step.ctl is None or not step.ctl.done):
                 setattr(self, STEP_ATTR, None)  # a hook fell back: stock's draft stands
                 return out
