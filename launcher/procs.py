@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat from field 3 on (state, ppid, pgrp, ...), or None when it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read().decode(errors="replace")
@@ -21,7 +22,7 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def start_time(pid: int) -> int | None:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return int(fields[19]) if fields and len(fields) > 19 else None
 
 
@@ -35,9 +36,18 @@ def alive(pid: int, started: int | None = None) -> bool:
         return False
     except PermissionError:
         pass
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     if fields is None:
         return not os.path.isdir("/proc/self")  # no /proc here: kill(0) is all we know
     if fields[0] in ("Z", "X"):
         return False
     return started is None or int(fields[19]) == started
+
+
+def group_members(pgid: int) -> dict[int, str]:
+    """{pid: state letter} of the processes in process group ``pgid``, zombies included ({} without /proc)."""
+    out = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit() and (fields := stat_fields(int(entry))) and int(fields[2]) == pgid:
+            out[int(entry)] = fields[0]
+    return out

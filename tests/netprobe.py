@@ -9,6 +9,8 @@ import os
 import socket
 from pathlib import Path
 
+from launcher import procs
+
 _LISTEN = "0A"
 
 
@@ -57,14 +59,8 @@ def process_tree(root: int) -> list[int]:
     """root and every descendant (by /proc/*/stat ppid)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(raw[raw.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        if entry.isdigit() and (fields := procs.stat_fields(int(entry))):
+            children.setdefault(int(fields[1]), []).append(int(entry))
     out, todo = [], [root]
     while todo:
         pid = todo.pop()
@@ -74,15 +70,7 @@ def process_tree(root: int) -> list[int]:
 
 
 def process_group(pgid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid:
-                    out.append(int(entry))
-            except OSError:
-                pass
-    return out
+    return sorted(procs.group_members(pgid))
 
 
 def ports_of(pids: list[int], netns_pid: int | str = "self") -> list[tuple[str, int]]:

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Iterator
 
+from .. import procs
 from .base import EngineHandle, EngineSpec
 
 
@@ -36,22 +37,6 @@ def _become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):
         pass
-
-
-def _group_members(pgid: int) -> dict[int, str]:
-    """{pid: state letter} of the processes in a process group (Linux /proc)."""
-    out = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit():
-            continue
-        try:
-            raw = open(f"/proc/{entry}/stat").read()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid:
-            out[int(entry)] = fields[0]
-    return out
 
 
 def _reap_group(pgid: int) -> None:
@@ -97,7 +82,7 @@ class LocalRuntime:
         # itself (and be reaped by its parent) before anything is killed.
         while time.monotonic() < deadline:
             _reap_group(pid)
-            if not any(state not in "ZX" for state in _group_members(pid).values()):
+            if not any(state not in "ZX" for state in procs.group_members(pid).values()):
                 break
             time.sleep(0.2)
         # Whatever is left of the group goes now.
@@ -108,7 +93,7 @@ class LocalRuntime:
         settle = time.monotonic() + 5.0
         while time.monotonic() < settle:
             _reap_group(pid)
-            if not _group_members(pid):
+            if not procs.group_members(pid):
                 break
             time.sleep(0.05)
 

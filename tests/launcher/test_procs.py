@@ -48,3 +48,21 @@ def test_an_unreaped_child_counts_as_gone():
 def test_no_such_pid():
     assert not procs.alive(0)
     assert not procs.alive(2 ** 22 + 12345)
+
+
+def test_group_members_sees_the_group_zombies_included():
+    import signal
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        assert procs.group_members(child.pid) == {child.pid: procs.stat_fields(child.pid)[0]}
+        os.kill(child.pid, signal.SIGKILL)
+        for _ in range(100):   # killed, not yet reaped: still a member, as a zombie
+            if procs.group_members(child.pid).get(child.pid) == "Z":
+                break
+            time.sleep(0.02)
+        assert procs.group_members(child.pid) == {child.pid: "Z"}
+    finally:
+        child.kill()
+        child.wait()
+    assert procs.group_members(child.pid) == {}
