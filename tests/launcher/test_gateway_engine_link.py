@@ -3,6 +3,7 @@ for vLLM's --uds + VLLM_API_KEY; the real engine is covered by tests/e2e/test_no
 the engine key goes upstream and the client's never does, request ids, the access log, and no
 cap on concurrent upstream streams."""
 import asyncio
+import contextlib
 import logging
 import socket
 
@@ -64,6 +65,26 @@ async def _serve_uds(app: web.Application, path: str) -> web.AppRunner:
     return runner
 
 
+@contextlib.asynccontextmanager
+async def _gateway_before(engine: FakeEngine, api_key: str | None = None):
+    """A ready gateway on a free port in front of ``engine`` served on a private Unix socket: its port."""
+    d = engine_link.private_socket_dir()
+    sock = str(d / engine_link.SOCKET_NAME)
+    runner = await _serve_uds(engine.app(), sock)
+    state = GatewayState()
+    state.set("ready", "test", ready=True)
+    gw = Gateway(EngineLink(f"unix:{sock}", ENGINE_KEY), state, api_key=api_key, drain_timeout=2)
+    port = _port()
+    await gw.start("127.0.0.1", port)
+    try:
+        yield gw, port
+    finally:
+        await gw.drain()
+        await gw.stop()
+        await runner.cleanup()
+        engine_link.remove_socket_dir(d)
+
+
 def test_private_socket_dir_is_ours_only(tmp_path):
     d = engine_link.private_socket_dir()
     try:
@@ -92,17 +113,9 @@ def test_key_file_is_private(tmp_path):
 
 def test_engine_key_goes_upstream_and_the_clients_never(caplog):
     async def main():
-        d = engine_link.private_socket_dir()
-        sock = str(d / engine_link.SOCKET_NAME)
         engine = FakeEngine()
-        runner = await _serve_uds(engine.app(), sock)
-        state = GatewayState()
-        state.set("ready", "test", ready=True)
-        gw = Gateway(EngineLink(f"unix:{sock}", ENGINE_KEY), state, api_key=CLIENT_KEY, drain_timeout=2)
-        port = _port()
-        await gw.start("127.0.0.1", port)
-        base = f"http://127.0.0.1:{port}"
-        try:
+        async with _gateway_before(engine, api_key=CLIENT_KEY) as (gw, port):
+            base = f"http://127.0.0.1:{port}"
             async with aiohttp.ClientSession() as s:
                 auth = {"Authorization": f"Bearer {CLIENT_KEY}"}
                 async with s.post(base + "/v1/completions?secret=xyz", json={}, headers=auth) as r:
@@ -121,11 +134,6 @@ def test_engine_key_goes_upstream_and_the_clients_never(caplog):
                     assert r.status == 200 and "num_requests_running" in await r.text()
                 # the gateway's engine report reads the engine's /metrics over the socket too
                 assert (await gw.engine_report()).patches == []
-        finally:
-            await gw.drain()
-            await gw.stop()
-            await runner.cleanup()
-            engine_link.remove_socket_dir(d)
         assert engine.seen_auth == [f"Bearer {ENGINE_KEY}"] * 3
         assert engine.seen_rid[:2] == [generated, "req-42"]
 
@@ -144,16 +152,8 @@ def test_more_than_a_hundred_streams_reach_the_engine_at_once():
     n = 130
 
     async def main():
-        d = engine_link.private_socket_dir()
-        sock = str(d / engine_link.SOCKET_NAME)
         engine = FakeEngine()
-        runner = await _serve_uds(engine.app(), sock)
-        state = GatewayState()
-        state.set("ready", "test", ready=True)
-        gw = Gateway(EngineLink(f"unix:{sock}", ENGINE_KEY), state, drain_timeout=2)
-        port = _port()
-        await gw.start("127.0.0.1", port)
-        try:
+        async with _gateway_before(engine) as (_, port):
             conn = aiohttp.TCPConnector(limit=0)
             async with aiohttp.ClientSession(connector=conn) as s:
                 async def one():
@@ -168,11 +168,6 @@ def test_more_than_a_hundred_streams_reach_the_engine_at_once():
                 peak = engine.peak
                 engine.release.set()
                 statuses = await asyncio.gather(*tasks)
-        finally:
-            await gw.drain()
-            await gw.stop()
-            await runner.cleanup()
-            engine_link.remove_socket_dir(d)
         return peak, statuses
 
     peak, statuses = asyncio.run(main())
