@@ -16,7 +16,7 @@ import yaml
 from radiance import envs
 
 from . import errors, images, paths
-from .profile import Profile
+from .profile import Profile, load_profile
 
 BASE = paths.REPO_ROOT / "deploy" / "k8s" / "base"
 GPU_RESOURCE = {"rocm": "amd.com/gpu", "cuda": "nvidia.com/gpu"}
@@ -104,8 +104,6 @@ BASE_PROFILE = "profiles/tiny-cpu.yaml"
 
 
 def tree_overlay_files(name: str) -> dict[str, str]:
-    from .profile import load_profile
-
     rel, platform = TREE_OVERLAYS[name]
     path = paths.REPO_ROOT / rel
     # the drain is the knob's default, not whatever this shell has set

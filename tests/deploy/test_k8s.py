@@ -63,9 +63,11 @@ def _cases():
         yield pytest.param(("export", name), id=f"export-{name}")
 
 
-@pytest.fixture(params=list(_cases()))
-def rendered(request, tmp_path):
+@pytest.fixture(scope="module", params=list(_cases()))
+def rendered(request, tmp_path_factory):
+    """(objects, profile, platform, profile text), rendered once per case for every test of the module."""
     how, name = request.param
+    tmp_path = tmp_path_factory.mktemp("k8s")
     if how == "overlay":
         rel, platform = k8s_export.TREE_OVERLAYS[name]
         profile = load_profile(REPO / rel)
