@@ -159,18 +159,17 @@ def run_config(b: int, k: int, graph: bool, trajs: list[list[float]], steps: int
     per_mode = {}
     # the device time of one slot: forward + capture, back to back, no host read
     logits = make_logits([trajs[i % len(trajs)] for i in range(b)], 1)[0]
-    from radiance.draft.local_vocab import sample_top1
+    from radiance.kernels.draft_confidence import draft_top1  # the TP=1 slot's capture + packing
 
     for _ in range(5):
         drafter.forward()
-        sample_top1(logits, 0, VOCAB)
+        draft_top1(logits, VOCAB)
     _sync()
     n = 50
     t0 = time.perf_counter()
     for _ in range(n):
         drafter.forward()
-        t, c = sample_top1(logits, 0, VOCAB)
-        torch.stack([t.to(torch.int32), c.float().view(torch.int32)])
+        draft_top1(logits, VOCAB)
     _sync()
     slot_us = (time.perf_counter() - t0) * 1e6 / n  # the host is far ahead: this is device time
     # vLLM's loop without the patch, n forwards: what a step costs with no per-slot decision at all
@@ -196,8 +195,8 @@ def run_config(b: int, k: int, graph: bool, trajs: list[list[float]], steps: int
             drafter.timeline = []
             for j in range(8):
                 drafter.forward()
-                t, c = sample_top1(logits, 0, VOCAB)
-                ring.copy(ring.SLOT + j, torch.cat([t.to(torch.int32), c.float().view(torch.int32)]))
+                t, row = draft_top1(logits, VOCAB)
+                ring.copy(ring.SLOT + j, row)
                 drafter.input_ids.copy_(t)
             _sync()
             if rep:
@@ -301,10 +300,21 @@ def host_costs(b: int, k: int) -> dict:
         ctl.begin(k, conts, clens)
         ctl.observe(0, toks, confs)
 
+    from radiance.draft.local_vocab import sample_top1
+    from radiance.kernels.draft_confidence import draft_top1
+
+    logits = torch.zeros(b, VOCAB, device=DEV, dtype=torch.bfloat16)
+
+    def capture_then_pack():  # the per-slot launches before the capture packed its own row
+        tok, conf = sample_top1(logits, 0, VOCAB)
+        torch.cat([tok.to(torch.int32), conf.float().view(torch.int32)])
+
     out = {}
     for name, fn in (("pinned_alloc_copy_event", alloc_copy), ("ring_copy_event", lambda: ring.copy(3, t)),
                      ("controller_new_begin_observe", observe),
-                     ("cat_to_int32", lambda: torch.cat([t[:b].to(torch.int32), t[:b].float().view(torch.int32)]))):
+                     ("cat_to_int32", lambda: torch.cat([t[:b].to(torch.int32), t[:b].float().view(torch.int32)])),
+                     ("capture_then_pack", capture_then_pack),
+                     ("draft_top1_packed_capture", lambda: draft_top1(logits, VOCAB))):
         for _ in range(20):
             fn()
         _sync()

@@ -78,6 +78,7 @@ from .. import envs
 from ..patching import Patch, resolve
 from .context_mirror import ContextMirror
 from .controller import DraftPolicy, StepController
+from ..kernels.draft_confidence import draft_top1
 from .local_vocab import check_vocab, combine, sample_top1, shard_stats
 from .telemetry import DraftCounters
 
@@ -139,18 +140,22 @@ class _HostRing:
     def __init__(self) -> None:
         self.buf: torch.Tensor | None = None
         self.events: list = []
+        self.views: dict[tuple, torch.Tensor] = {}  # (row, shape) -> its host view (a view costs µs too)
 
     def copy(self, row: int, t: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
         if not t.is_cuda:
             return t.to("cpu", copy=True), None
         assert t.dtype == torch.int32, t.dtype
-        n = t.numel()
-        if self.buf is None or self.buf.shape[0] <= row or self.buf.shape[1] < n:
-            rows = max(row + 1, 0 if self.buf is None else self.buf.shape[0], self.SLOT + 8)
-            width = max(n, 0 if self.buf is None else self.buf.shape[1], 256)
-            self.buf = torch.empty((rows, width), dtype=torch.int32, pin_memory=True)
-            self.events = [torch.cuda.Event() for _ in range(rows)]
-        host = self.buf[row, :n].view(t.shape)
+        host = self.views.get((row, t.shape))
+        if host is None:
+            n = t.numel()
+            if self.buf is None or self.buf.shape[0] <= row or self.buf.shape[1] < n:
+                rows = max(row + 1, 0 if self.buf is None else self.buf.shape[0], self.SLOT + 8)
+                width = max(n, 0 if self.buf is None else self.buf.shape[1], 256)
+                self.buf = torch.empty((rows, width), dtype=torch.int32, pin_memory=True)
+                self.events = [torch.cuda.Event() for _ in range(rows)]
+                self.views.clear()
+            host = self.views[(row, t.shape)] = self.buf[row, :n].view(t.shape)
         host.copy_(t, non_blocking=True)
         event = self.events[row]
         event.record()
@@ -520,13 +525,13 @@ class DynamicDraftPatch(Patch):
             lookahead = step.lookahead and not step.last_slot(step.slot)
             if tp == 1:
                 try:
-                    token, conf = patch._top1(self, hidden_states)
+                    token, row = patch._top1(self, hidden_states)
                 except Exception as exc:
                     # stock sampling for this slot and the rest of the step: propose sees the
                     # latch and returns stock's own draft
                     patch.latch_off(f"draft slot: {type(exc).__name__}: {exc}")
                     return orig(self, hidden_states, sampling_metadata)
-                flags, local_reason = None, None
+                local_reason = None
             else:
                 token, conf, flags, local_reason, faulted = patch._top1_collective(
                     self, hidden_states, step, defer=lookahead)
@@ -536,10 +541,12 @@ class DynamicDraftPatch(Patch):
             try:
                 if token.shape[0] != step.batch:
                     raise RuntimeError(f"draft batch {token.shape[0]} != {step.batch} requests")
-                parts = [token.to(torch.int32), conf.float().view(torch.int32)]
-                if flags is not None:
-                    parts.append(flags.to(torch.int32))
-                copy = patch._ring.copy(_HostRing.SLOT + step.slot, torch.cat(parts))  # the one per-slot copy
+                if tp > 1:  # the host row: token ids, confidence bits, the ranks' fault flags
+                    parts = [token.to(torch.int32), conf.float().view(torch.int32)]
+                    if flags is not None:
+                        parts.append(flags.to(torch.int32))
+                    row = torch.cat(parts)
+                copy = patch._ring.copy(_HostRing.SLOT + step.slot, row)  # the one per-slot copy
                 step.pending = (step.slot, copy, local_reason)
                 step.slot += 1
                 if not lookahead:
@@ -596,10 +603,11 @@ class DynamicDraftPatch(Patch):
         return (lp, head, shard) if ok else None
 
     def _top1(self, proposer, hidden_states) -> tuple[torch.Tensor, torch.Tensor]:
-        """TP=1: the stock greedy token (argmax of the draft logits, lowest id on ties) and its
-        probability."""
+        """TP=1: the stock greedy token (argmax of the draft logits, lowest id on ties) and the
+        slot's host row (the tokens, then their probabilities' bits), both from one launch: the
+        host's per-slot work is that launch and one copy."""
         logits = proposer.model.compute_logits(hidden_states)
-        return sample_top1(logits, 0, logits.shape[-1])
+        return draft_top1(logits, logits.shape[-1])
 
     def _top1_collective(self, proposer, hidden_states, step: _Step, defer: bool = False):
         """TP>1: (token, confidence, faulted flags, this rank's fault, faulted ranks) for one draft

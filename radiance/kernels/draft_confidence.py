@@ -22,6 +22,12 @@ tile of its max) across the loop, with one exp per element and no cross-lane wor
 a cross-lane reduction per tile costs barriers that stall the loads behind it. The lanes are
 reduced once, after the loop.
 
+``draft_top1`` is the same launch for a whole vocabulary (TP=1): the combining program writes the
+greedy token (int64, vLLM's next input) and the slot's row for the host, the token ids then the bits
+of their probabilities (int32 [2B]), instead of max and sum. The draft slot then costs the host one
+launch and one copy; casting, dividing and concatenating after the capture cost three launches,
+which on a slow host were most of the per-slot host time (docs/benchmarks.md, issue 19).
+
 Ties resolve to the lowest column, like ``torch.argmax``; the sum's order differs from the
 reference, so sum-exp agrees to fp32 rounding, max and argmax exactly.
 
@@ -229,16 +235,24 @@ if triton is not None:
         return pm, ps, pi, live
 
     @triton.jit
-    def _store_row(big_m, total, best, row, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr):
-        tl.store(out_max_ptr + row, big_m)
-        tl.store(out_sum_ptr + row, total)
+    def _store_row(big_m, total, best, row, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr,
+                   PACKED: tl.constexpr):
+        if PACKED:
+            # the host row of the draft slot, [token ids | confidence bits], int32: one copy to the
+            # host and nothing else launched per slot (``draft_top1``); max and sum stay on chip
+            rows = tl.num_programs(0)
+            tl.store(out_max_ptr + row, best)
+            tl.store(out_max_ptr + rows + row, tl.math.div_rn(1.0, total).to(tl.int32, bitcast=True))
+        else:
+            tl.store(out_max_ptr + row, big_m)
+            tl.store(out_sum_ptr + row, total)
         tl.store(out_idx_ptr + row, best.to(tl.int64))
         tl.store(count_ptr + row, 0)  # ready for the next launch on this stream
 
     @triton.jit
     def _arrive_and_combine(m, s, idx, row, split, nsplit, part_max_ptr, part_sum_ptr,
                             part_idx_ptr, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr,
-                            NSPLIT_P2: tl.constexpr):
+                            NSPLIT_P2: tl.constexpr, PACKED: tl.constexpr):
         """Publishes the split's partial; the row's last program to arrive combines them all."""
         if _publish_partial(m, s, idx, row, split, nsplit, part_max_ptr, part_sum_ptr,
                             part_idx_ptr, count_ptr, NSPLIT_P2):
@@ -248,7 +262,8 @@ if triton is not None:
             base = tl.where(big_m == float("-inf"), 0.0, big_m)
             total = tl.sum(ps * tl.exp(pm - base), 0)
             best = tl.min(tl.where(live & (pm == big_m), pi, 2147483647), 0)
-            _store_row(big_m, total, best, row, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr)
+            _store_row(big_m, total, best, row, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr,
+                       PACKED)
 
     @triton.jit
     def _draft_confidence_kernel(
@@ -260,6 +275,7 @@ if triton is not None:
         UNROLL: tl.constexpr,
         NSPLIT_P2: tl.constexpr,
         STAGES: tl.constexpr,
+        PACKED: tl.constexpr,
     ):
         row = tl.program_id(0)
         split = tl.program_id(1)
@@ -271,7 +287,7 @@ if triton is not None:
         m, s, idx = _lanes_to_partial(m_vec, s_vec, t_vec, BLOCK)
         _arrive_and_combine(m, s, idx, row, split, tl.num_programs(1), part_max_ptr, part_sum_ptr,
                             part_idx_ptr, count_ptr, out_max_ptr, out_sum_ptr, out_idx_ptr,
-                            NSPLIT_P2)
+                            NSPLIT_P2, PACKED)
 
 
 # --- reference -----------------------------------------------------------------------------
@@ -386,8 +402,9 @@ def launch_plan(rows: int, n_cols: int, dev: DeviceInfo, config: Config | None =
     return nsplit, (split_cols, cfg.block, cfg.unroll, MAX_SPLITS, cfg.stages), cfg.num_warps
 
 
-def _launch(logits: torch.Tensor, n_valid: int, config: Config | None = None):
-    """``config`` None = the device table's (or the default) for this batch."""
+def _launch(logits: torch.Tensor, n_valid: int, config: Config | None = None, packed: bool = False):
+    """``config`` None = the device table's (or the default) for this batch. ``packed``: returns
+    ``draft_top1``'s (token, host row) instead of (max, sum-exp, argmax)."""
     if triton is None:
         raise RuntimeError("the draft_confidence Triton kernel needs triton")
     if logits.dim() != 2:
@@ -396,11 +413,14 @@ def _launch(logits: torch.Tensor, n_valid: int, config: Config | None = None):
         logits = logits.contiguous()
     rows, n_cols = logits.shape
     dev = logits.device
-    out_max = torch.empty(rows, dtype=torch.float32, device=dev)
-    out_sum = torch.empty(rows, dtype=torch.float32, device=dev)
     out_idx = torch.empty(rows, dtype=torch.int64, device=dev)
+    if packed:  # the host row takes the max's place (the kernel writes no sums)
+        out_max = out_sum = torch.empty(2 * rows, dtype=torch.int32, device=dev)
+    else:
+        out_max = torch.empty(rows, dtype=torch.float32, device=dev)
+        out_sum = torch.empty(rows, dtype=torch.float32, device=dev)
     if rows == 0:
-        return out_max, out_sum, out_idx
+        return (out_idx, out_max) if packed else (out_max, out_sum, out_idx)
     n_valid = n_cols if n_valid < 0 else min(n_valid, n_cols)
     stride = logits.stride(0)
     on_cuda = dev.type == "cuda"
@@ -408,7 +428,7 @@ def _launch(logits: torch.Tensor, n_valid: int, config: Config | None = None):
     # Everything Triton specialises on (alignment, divisibility by 16, == 1) is a function of
     # this key, so a compiled kernel found under it is the one the JIT would pick.
     key = (rows, n_cols, stride, n_valid, logits.dtype, dev.index, stream,
-           logits.data_ptr() % 16 == 0, config)
+           logits.data_ptr() % 16 == 0, config, packed)
     plan = _LAUNCHES.get(key)
     if plan is None:  # the launch sits on the per-slot hot path: plan once per call signature
         nsplit, tail, warps = launch_plan(rows, n_cols, describe(dev), config)
@@ -416,9 +436,25 @@ def _launch(logits: torch.Tensor, n_valid: int, config: Config | None = None):
         plan = _LAUNCHES[key] = (nsplit, _scratch(dev, stream, rows), tail, warps)
     nsplit, scratch, tail, warps = plan
     _draft_confidence_kernel[(rows, nsplit)](
-        logits, stride, n_valid, *scratch, out_max, out_sum, out_idx, *tail, num_warps=warps,
+        logits, stride, n_valid, *scratch, out_max, out_sum, out_idx, *tail, packed, num_warps=warps,
     )
-    return out_max, out_sum, out_idx
+    return (out_idx, out_max) if packed else (out_max, out_sum, out_idx)
+
+
+def draft_top1_reference(logits: torch.Tensor, n_valid: int = -1
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token int64 [B], host row int32 [2B]) of ``logits[:, :n_valid]``: the greedy token
+    (``argmax``) and the draft slot's row for the host, the token ids then the bits of their
+    fp32 probabilities ``1 / sum-exp`` (the TP=1 draft slot: the capture and its packing in one
+    launch, the row ready for one copy)."""
+    _, total, idx = draft_confidence_reference(logits, n_valid)
+    return idx, torch.cat([idx.to(torch.int32), (1.0 / total).view(torch.int32)])
+
+
+def draft_top1_triton(logits: torch.Tensor, n_valid: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton kernel; same contract as ``draft_top1_reference`` (the probability divides
+    with IEEE rounding, as torch does)."""
+    return _launch(logits, n_valid, packed=True)
 
 
 def draft_confidence_triton(logits: torch.Tensor, n_valid: int = -1
@@ -471,19 +507,49 @@ def draft_confidence(logits: torch.Tensor, n_valid: int = -1
     return _OP(logits, n_valid)
 
 
+def _draft_top1_gpu(logits: torch.Tensor, n_valid: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if triton is None:
+        return draft_top1_reference(logits, n_valid)
+    return draft_top1_triton(logits, n_valid)
+
+
+def _draft_top1_cpu(logits: torch.Tensor, n_valid: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return draft_top1_reference(logits, n_valid)
+
+
+def _draft_top1_fake(logits, n_valid):
+    rows = logits.shape[0]
+    return logits.new_empty(rows, dtype=torch.int64), logits.new_empty(2 * rows, dtype=torch.int32)
+
+
+_TOP1_OP = register_library_op("draft_top1", _draft_top1_cpu, _draft_top1_gpu, _draft_top1_fake)
+
+
+def draft_top1(logits: torch.Tensor, n_valid: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token, host row) of ``logits[:, :n_valid]`` (``draft_top1_reference``); Triton on GPU,
+    reference on CPU, eager CUDA tensors straight to the launcher as in ``draft_confidence``."""
+    if eager_gpu_call(logits):
+        return draft_top1_triton(logits, n_valid)
+    return _TOP1_OP(logits, n_valid)
+
+
 # --- ahead-of-time launches (radiance.kernels.aot) ----------------------------------------
 
 def _aot_launches(dev: DeviceInfo, arch: str):
+    # shards: the TP>1 per-rank stats; whole vocabularies: the TP=1 packed slot (draft_top1), and
+    # the stats of the gathered rows where a TP>1 head cannot be read by shard
     for cols in shipped.DRAFT_VOCAB_SHARDS + shipped.DRAFT_VOCAB_FULL:
         first: dict[Config, int] = {}
         for rows in range(1, shipped.DRAFT_ROWS + 1):
             first.setdefault(plan_config(rows, cols, dev), rows)
-        for rows in first.values():
-            yield f"B={rows} V={cols}", functools.partial(_aot_call, rows, cols)
+        for packed in (False, True) if cols in shipped.DRAFT_VOCAB_FULL else (False,):
+            for rows in first.values():
+                name = f"B={rows} V={cols}" + (" packed" if packed else "")
+                yield name, functools.partial(_aot_call, rows, cols, packed)
 
 
-def _aot_call(rows: int, cols: int) -> None:
-    _launch(torch.empty((rows, cols), dtype=torch.bfloat16), cols)
+def _aot_call(rows: int, cols: int, packed: bool) -> None:
+    _launch(torch.empty((rows, cols), dtype=torch.bfloat16), cols, packed=packed)
 
 
 if triton is not None:

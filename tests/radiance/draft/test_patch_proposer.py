@@ -77,10 +77,16 @@ class FakeProposer:
         return torch.tensor(self.tokens[self.forwards - 1]), None
 
 
+def slot_row(tokens, confs):
+    """What the TP=1 capture returns: the tokens, and the host row [ids | probabilities' bits]."""
+    token = torch.tensor(tokens)
+    return token, torch.cat([token.to(torch.int32), torch.tensor(confs, dtype=torch.float32).view(torch.int32)])
+
+
 def bind(patch, fake, monkeypatch):
     monkeypatch.setattr(pp.DynamicDraftPatch, "_top1", staticmethod(
-        lambda proposer, hidden: (torch.tensor(proposer.tokens[proposer.forwards - 1]),
-                                  torch.tensor(proposer.confs[proposer.forwards - 1]))))
+        lambda proposer, hidden: slot_row(proposer.tokens[proposer.forwards - 1],
+                                          proposer.confs[proposer.forwards - 1])))
     fake._sample_draft_tokens = types.MethodType(patch._make_sample(FakeProposer.stock_sample), fake)
     return types.MethodType(patch._make_propose(FakeProposer.stock_propose), fake)
 

@@ -73,6 +73,8 @@ def launch_draft_confidence(arch):
         for rows in range(1, shipped.DRAFT_ROWS + 1):
             # radiance.draft.local_vocab: the shard's own width is n_valid
             dc.draft_confidence_triton(torch.empty((rows, cols), dtype=BF16), cols)
+            if cols in shipped.DRAFT_VOCAB_FULL:  # TP=1: the packed slot
+                dc.draft_top1_triton(torch.empty((rows, cols), dtype=BF16), cols)
 
 
 def launch_ngram_match(arch):

@@ -15,6 +15,9 @@ from radiance.kernels.draft_confidence import (
     draft_confidence,
     draft_confidence_reference,
     draft_confidence_triton,
+    draft_top1,
+    draft_top1_reference,
+    draft_top1_triton,
     split_plan,
 )
 
@@ -59,6 +62,32 @@ def test_reference_semantics():
     full = torch.randn(4, 300)
     m, s, i = draft_confidence_reference(full)
     torch.testing.assert_close(1.0 / s, torch.softmax(full, -1).max(-1).values)
+
+
+def check_top1(got, want):
+    """Token and host row exact: the probability divides the sum (equal up to its fp32 rounding,
+    so compared as floats) with IEEE rounding on both sides."""
+    token, row = got
+    assert token.dtype == torch.int64 and row.dtype == torch.int32 and row.shape == (2 * token.shape[0],)
+    assert torch.equal(token, want[0])
+    b = token.shape[0]
+    assert torch.equal(row[:b], want[1][:b]) and torch.equal(row[:b].long(), token)
+    torch.testing.assert_close(row[b:].view(torch.float32), want[1][b:].view(torch.float32), atol=0, rtol=3e-5)
+
+
+def test_top1_reference_is_the_token_and_its_probability():
+    x = make_logits(5, 3000, torch.bfloat16, "cpu", 9)
+    token, row = draft_top1_reference(x, 2990)
+    _, total, idx = draft_confidence_reference(x, 2990)
+    assert torch.equal(token, idx) and torch.equal(row[:5], idx.to(torch.int32))
+    assert torch.equal(row[5:].view(torch.float32), 1.0 / total)
+    torch.testing.assert_close(row[5:].view(torch.float32),
+                               torch.softmax(x[:, :2990].float(), -1).max(-1).values)
+    check_top1(draft_top1(x, 2990), (token, row))  # the op on CPU is the reference
+
+
+def test_opcheck_top1_cpu():
+    torch.library.opcheck(torch.ops.radiance.draft_top1, (make_logits(3, 500, torch.bfloat16, "cpu", 0), 500))
 
 
 def test_opcheck_cpu():
@@ -143,6 +172,9 @@ _INTERPRETER_CHECK = textwrap.dedent("""
             want = draft_confidence_reference(x, n_valid)
             assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2]), (got, want)
             torch.testing.assert_close(got[1], want[1], rtol=3e-5, atol=0)
+        token, row = dc._launch(x, n_valid, cfg, packed=True)
+        assert torch.equal(token, want[2]) and torch.equal(row[:rows].long(), want[2])
+        torch.testing.assert_close(row[rows:].view(torch.float32), 1.0 / want[1], rtol=3e-5, atol=0)
     x = (torch.randn(4, 9000, generator=g) * 4)[:, 100:7100]  # strided rows
     got, want = dc._launch(x, -1, configs[0]), draft_confidence_reference(x, -1)
     assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
@@ -209,6 +241,34 @@ def test_cuda_graph_replay_on_gpu():
         x.copy_(make_logits(8, 248320, torch.bfloat16, "cuda", 100 + seed))
         graph.replay()
         check(out, draft_confidence_reference(x, -1), 0.0, 3e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows,cols", [(1, 248320), (8, 248320), (32, 248320), (64, 151936), (3, 1000)])
+def test_top1_equals_reference_on_gpu(rows, cols, dtype):
+    x = make_logits(rows, cols, dtype, "cuda", rows * 7 + cols)
+    want = draft_top1_reference(x, cols)
+    for _ in range(3):
+        check_top1(draft_top1_triton(x, cols), want)
+    check_top1(draft_top1(x, cols), want)
+    # the probability is exactly 1 / the kernel's own sum (IEEE division, as torch's)
+    _, total, _ = draft_confidence_triton(x, cols)
+    assert torch.equal(draft_top1(x, cols)[1][rows:].view(torch.float32), 1.0 / total)
+
+
+@pytest.mark.gpu
+def test_top1_cuda_graph_replay_on_gpu():
+    x = make_logits(8, 248320, torch.bfloat16, "cuda", 5)
+    draft_top1(x, 248320)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = draft_top1(x, 248320)
+    for seed in range(3):
+        x.copy_(make_logits(8, 248320, torch.bfloat16, "cuda", 200 + seed))
+        graph.replay()
+        check_top1(out, draft_top1_reference(x, 248320))
 
 
 @pytest.mark.gpu
