@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import metrics as m
-from .client import Client, RequestFailed, chat_text, completion_text
+from .client import Client, RequestFailed
 from .config import PROMPTS_DIR, AcceptanceConfig, is_prompt_set_path
 
 KINDS = ("code", "json", "prose", "chat")
@@ -84,23 +84,20 @@ async def _generate(client: Client, p: Prompt, *, model: str, max_tokens: int) -
     base = {"model": model, "max_tokens": max_tokens, "temperature": 0.0}
     if p.messages is not None:
         try:
-            body = await client.post_json("/v1/chat/completions", {**base, "messages": p.messages})
-            text, ntok = chat_text(body)
+            text, ntok = await client.chat({**base, "messages": p.messages})
             return {"id": p.id, "kind": p.kind, "tokens": ntok, "endpoint": "chat", "text": text[:120]}
         except RequestFailed as exc:
             if exc.status != 400:
                 raise
-        body = await client.post_json("/v1/completions", {**base, "prompt": messages_as_text(p.messages)})
-        text, ntok = completion_text(body)
+        text, ntok = await client.complete({**base, "prompt": messages_as_text(p.messages)})
         return {"id": p.id, "kind": p.kind, "tokens": ntok, "endpoint": "completions (no chat template)",
                 "text": text[:120]}
-    body = await client.post_json("/v1/completions", {**base, "prompt": p.prompt})
-    text, ntok = completion_text(body)
+    text, ntok = await client.complete({**base, "prompt": p.prompt})
     return {"id": p.id, "kind": p.kind, "tokens": ntok, "endpoint": "completions", "text": text[:120]}
 
 
 async def read_metrics(client: Client) -> m.Snapshot:
-    return m.parse(await client.get_text("/metrics"))
+    return m.parse(await client.metrics_text())
 
 
 async def _settled(client: Client) -> m.Snapshot:

@@ -1,21 +1,21 @@
-"""A small async client for the OpenAI-compatible endpoint: bounded concurrency, timeout, retries.
+"""The gate's client: the OpenAI Python client, so the gate speaks to the endpoint as users' code does.
 
-Retried: transport errors (connection refused or reset, timeouts) and HTTP 429/5xx, with exponential
-back-off. Not retried: other 4xx, which a second try would only repeat. Every gate request runs at
-temperature 0, so a retry asks the same question again and cannot change the score.
+``AsyncOpenAI`` brings the typed responses and the retries (connection errors, timeouts, 408, 409, 429
+and 5xx, with exponential back-off; other 4xx are not retried, a second try would only repeat them).
+Every gate request runs at temperature 0, so a retry asks the same question again and cannot change the
+score. The launcher's own engine listens on a Unix socket (launcher/engine_link.py): the client then
+speaks through an HTTP transport bound to that socket. ``/metrics`` (spec-decode counters) is not an
+OpenAI route; it is read through the same client, with the same retries and credentials.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-
-_RETRY_STATUS = {408, 429, 500, 502, 503, 504}
-_BACKOFF_S = 0.5
-_BACKOFF_MAX_S = 8.0
+# openai 3 speaks through httpx2 (httpx's API): its client and transport are what the client accepts.
+import httpx2
+import openai
 
 
 class EndpointUnreachable(Exception):
@@ -66,95 +66,87 @@ class Client:
     def __init__(self, base_url: str, *, api_key: str | None, timeout_s: float, retries: int,
                  concurrency: int):
         self.root = endpoint_root(base_url)
-        self.retries = retries
         self._sem = asyncio.Semaphore(concurrency)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         uds = self.root[len("unix:"):] if self.root.startswith("unix:") else None
-        self._http = httpx.AsyncClient(
-            base_url="http://engine" if uds else self.root,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+        # Seen through a Unix socket, the host name is a formality.
+        self._http_root = "http://engine" if uds else self.root
+        timeout = httpx2.Timeout(timeout_s, connect=min(10.0, timeout_s))
+        limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        http = httpx2.AsyncClient(
+            timeout=timeout,
             limits=limits,
-            transport=httpx.AsyncHTTPTransport(uds=uds, limits=limits) if uds else None,
+            transport=httpx2.AsyncHTTPTransport(uds=uds, limits=limits) if uds else None,
             # Honour HTTP(S)_PROXY for a remote endpoint, but never route a local engine through one
             # (a proxy set for the outside world, without NO_PROXY, would swallow 127.0.0.1).
             trust_env=not uds and not _is_loopback(self.root),
         )
+        # Without a key, the placeholder vLLM's docs give its users (the client insists on one; an
+        # endpoint without --api-key ignores it), never OPENAI_API_KEY from the environment.
+        self._openai = openai.AsyncOpenAI(base_url=self._http_root + "/v1", api_key=api_key or "EMPTY",
+                                          max_retries=retries, timeout=timeout, http_client=http)
 
     async def __aenter__(self) -> "Client":
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._http.aclose()
+        await self._openai.close()
 
-    async def request(self, method: str, path: str, payload: dict | None = None) -> httpx.Response:
-        """One request with retries; returns a 2xx response or raises RequestFailed."""
-        last: RequestFailed | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(min(_BACKOFF_MAX_S, _BACKOFF_S * 2 ** (attempt - 1)))
-            try:
-                async with self._sem:
-                    resp = await self._http.request(method, path, json=payload)
-            except httpx.TransportError as exc:
-                last = RequestFailed(f"{method} {path}: {type(exc).__name__}: {exc}".rstrip(": "),
-                                     transport=True)
-                continue
-            if resp.is_success:
-                return resp
-            last = RequestFailed(f"{method} {path}: HTTP {resp.status_code}: {_error_text(resp)}",
-                                 status=resp.status_code)
-            if resp.status_code not in _RETRY_STATUS:
-                break
-        assert last is not None
-        raise last
-
-    async def post_json(self, path: str, payload: dict) -> dict[str, Any]:
-        resp = await self.request("POST", path, payload)
+    async def _call(self, what: str, make: Any) -> Any:
+        """Await ``make()`` under the concurrency bound; the client's errors become RequestFailed."""
         try:
-            body = resp.json()
-        except json.JSONDecodeError:
-            raise RequestFailed(f"POST {path}: the answer is not JSON: {resp.text[:200]!r}") from None
-        if not isinstance(body, dict):
-            raise RequestFailed(f"POST {path}: unexpected answer {str(body)[:200]!r}")
-        return body
+            async with self._sem:
+                return await make()
+        except openai.APIStatusError as exc:
+            raise RequestFailed(f"{what}: HTTP {exc.status_code}: {_error_text(exc)}",
+                                status=exc.status_code) from None
+        except openai.APIConnectionError as exc:
+            cause = exc.__cause__ or exc
+            raise RequestFailed(f"{what}: {type(cause).__name__}: {cause}".rstrip(": "), transport=True) from None
+        except (openai.APIResponseValidationError, ValueError, TypeError) as exc:
+            raise RequestFailed(f"{what}: unexpected answer: {str(exc)[:200]}") from None
 
-    async def get_text(self, path: str) -> str:
-        return (await self.request("GET", path)).text
+    async def models(self) -> list[str]:
+        """The ids ``/v1/models`` lists."""
+        page = await self._call("GET /v1/models", self._openai.models.list)
+        return [str(m.id) for m in (getattr(page, "data", None) or [])]
+
+    async def complete(self, params: dict[str, Any]) -> tuple[str, int]:
+        """(text, completion tokens) of a ``/v1/completions`` answer."""
+        body = await self._call("POST /v1/completions", lambda: self._openai.completions.create(**params))
+        choices = getattr(body, "choices", None) or []
+        if not choices:
+            raise RequestFailed(f"completion without choices: {str(body)[:200]!r}")
+        text = getattr(choices[0], "text", None)
+        if not isinstance(text, str):
+            raise RequestFailed(f"completion without text: {str(choices[0])[:200]!r}")
+        return text, _completion_tokens(body)
+
+    async def chat(self, params: dict[str, Any]) -> tuple[str, int]:
+        """(content, completion tokens) of a ``/v1/chat/completions`` answer."""
+        body = await self._call("POST /v1/chat/completions",
+                                lambda: self._openai.chat.completions.create(**params))
+        choices = getattr(body, "choices", None) or []
+        if not choices:
+            raise RequestFailed(f"chat completion without choices: {str(body)[:200]!r}")
+        message = getattr(choices[0], "message", None)
+        return str(getattr(message, "content", None) or ""), _completion_tokens(body)
+
+    async def metrics_text(self) -> str:
+        """The Prometheus text of ``/metrics`` (beside ``/v1``, not under it)."""
+        return await self._call("GET /metrics",
+                                lambda: self._openai.get(self._http_root + "/metrics", cast_to=str))
 
 
-def _error_text(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-    except (json.JSONDecodeError, ValueError):
-        return resp.text[:300].strip() or resp.reason_phrase
+def _completion_tokens(body: Any) -> int:
+    usage = getattr(body, "usage", None)
+    return int(getattr(usage, "completion_tokens", None) or 0)
+
+
+def _error_text(exc: openai.APIStatusError) -> str:
+    """The server's own message (OpenAI-style ``{"error": {"message": ...}}``), not the client's wrapper."""
+    body = exc.body
     if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict):
-            return str(err.get("message") or err)[:300]
-        return str(err)[:300]
-    return str(body)[:300]
-
-
-def completion_text(body: dict[str, Any]) -> tuple[str, int]:
-    """(text, completion tokens) of a /v1/completions answer."""
-    choices = body.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
-        raise RequestFailed(f"completion without choices: {str(body)[:200]!r}")
-    text = choices[0].get("text")
-    if not isinstance(text, str):
-        raise RequestFailed(f"completion without text: {str(choices[0])[:200]!r}")
-    usage = body.get("usage") or {}
-    return text, int(usage.get("completion_tokens") or 0)
-
-
-def chat_text(body: dict[str, Any]) -> tuple[str, int]:
-    """(content, completion tokens) of a /v1/chat/completions answer."""
-    choices = body.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
-        raise RequestFailed(f"chat completion without choices: {str(body)[:200]!r}")
-    message = choices[0].get("message") or {}
-    text = message.get("content") or ""
-    usage = body.get("usage") or {}
-    return str(text), int(usage.get("completion_tokens") or 0)
+        return str(body.get("message") or body)[:300]
+    if body:
+        return str(body)[:300]
+    return exc.response.text[:300].strip() or exc.response.reason_phrase

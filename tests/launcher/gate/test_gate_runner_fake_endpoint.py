@@ -137,7 +137,6 @@ class FakeOpenAI:
 @pytest.fixture(autouse=True)
 def _fast_waits(monkeypatch):
     monkeypatch.setattr(acceptance, "_SETTLE_INTERVAL_S", 0.01)
-    monkeypatch.setattr(client, "_BACKOFF_S", 0.01)
 
 
 def _cfg(**sections) -> GateConfig:
