@@ -11,8 +11,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from ruamel.yaml import YAML, YAMLError
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
 from radiance import envs, features
 
@@ -261,25 +262,27 @@ class _Rule(ValueError):
 
 
 # --------------------------------------------------------------------------------------
-# Loading: YAML with line numbers, pydantic errors turned into one line each.
+# Loading: YAML parsed once by ruamel.yaml, which keeps each key's position; pydantic errors turned into
+# one line each.
 
-def _node_line(root: yaml.Node | None, loc: tuple) -> int | None:
-    """Line (1-based) of the deepest node in ``loc`` that exists."""
-    node, line = root, (root.start_mark.line + 1 if root is not None else None)
+def _yaml() -> YAML:
+    # Round-trip mode: mappings and sequences carry their line and column (``.lc``).
+    y = YAML(typ="rt", pure=True)
+    y.allow_duplicate_keys = False
+    return y
+
+
+def _line(root: Any, loc: tuple) -> int | None:
+    """Line (1-based) of the deepest key or item in ``loc`` that the document has."""
+    node, line = root, (root.lc.line + 1 if isinstance(root, (CommentedMap, CommentedSeq)) else None)
     for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                if key.value == part:
-                    line = key.start_mark.line + 1
-                    node = value
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
+        if isinstance(node, CommentedMap) and part in node:
+            line = node.lc.key(part)[0] + 1
+        elif isinstance(node, CommentedSeq) and isinstance(part, int) and part < len(node):
+            line = node.lc.item(part)[0] + 1
         else:
             return line
+        node = node[part]
     return line
 
 
@@ -317,7 +320,7 @@ def _format_error(path: str, root, err: dict) -> str:
     fix = _FIXES.get(err["type"])
     if err["type"] in ("greater_than_equal", "less_than_equal"):
         fix = "change the value to lie in range"
-    line = _node_line(root, loc)
+    line = _line(root, loc)
     where = f"{path}:{line}" if line else path
     text = f"{where}: {field}: {msg}"
     if fix and "fix:" not in msg:
@@ -327,9 +330,8 @@ def _format_error(path: str, root, err: dict) -> str:
 
 def parse_profile(text: str, path: str = "<profile>") -> Profile:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        data = _yaml().load(text)
+    except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else path
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -339,11 +341,11 @@ def parse_profile(text: str, path: str = "<profile>") -> Profile:
         raise ProfileError([f"{path}:1: (top level): the profile is empty — fix: start from profiles/tiny-cpu.yaml"])
     if not isinstance(data, dict):
         raise ProfileError([f"{path}:1: (top level): expected a mapping of keys, got "
-                            f"{type(data).__name__} — fix: start from profiles/tiny-cpu.yaml"])
+                            f"{'a list' if isinstance(data, list) else type(data).__name__} — fix: start from profiles/tiny-cpu.yaml"])
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise ProfileError([_format_error(path, root, e) for e in exc.errors()]) from None
+        raise ProfileError([_format_error(path, data, e) for e in exc.errors()]) from None
 
 
 def load_profile(path: str | Path) -> Profile:
