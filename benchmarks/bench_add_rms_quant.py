@@ -42,6 +42,7 @@ from _fp8_epilogue_common import (
 )
 
 from radiance.kernels import add_rms_quant as arq
+from radiance.kernels import fp8_common as fc
 
 EPS = 1e-6
 SWEEP_WARPS = {2048: (2, 8, 16), 5120: (4, 16, 32)}  # num_warps tried by --sweep (defaults 4 and 8 are in the main table)
@@ -101,7 +102,7 @@ def sweep(ks, modes) -> list[dict]:
     """ours at M=8 with other num_warps (fresh plans), checked against the reference."""
     rows = []
     for k in ks:
-        block = sum(arq.split_row(k))
+        block = sum(fc.split_row(k))
         for warps in SWEEP_WARPS.get(k, ()):
             arq.WARPS_OVERRIDE[block] = warps
             arq._PLANS.clear()

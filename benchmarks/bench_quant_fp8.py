@@ -28,7 +28,7 @@ from _fp8_epilogue_common import (
     write_json,
 )
 
-from radiance.kernels import add_rms_quant as arq
+from radiance.kernels import fp8_common as fc
 from radiance.kernels import quant_fp8 as qf
 
 BASELINES = ("reference", "compile_stock")
@@ -61,11 +61,11 @@ def main(argv=None) -> int:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 3
                 mark_m_dynamic(x)
                 got = qf.quant_fp8_triton(x, group, FP8)
-                want = arq.quantize_reference(x.cpu(), group, FP8)
+                want = fc.quantize_reference(x.cpu(), group, FP8)
                 exact = torch.equal(got[0].view(torch.uint8).cpu(), want[0].view(torch.uint8)) \
                     and torch.equal(got[1].cpu(), want[1])
                 providers = {"floor": floor,
-                             "reference": lambda x=x, g=group: arq.quantize_reference(x, g, FP8),
+                             "reference": lambda x=x, g=group: fc.quantize_reference(x, g, FP8),
                              "eager": lambda x=x, g=group: stock_quant(x, g),
                              "compile_stock": lambda x=x, c=compiled: c(x),
                              "ours": lambda x=x, g=group: qf.quant_fp8_triton(x, g, FP8),

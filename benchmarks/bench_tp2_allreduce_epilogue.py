@@ -4,7 +4,7 @@ Each rank holds a [M, K] bf16 partial sum (what its RowParallel GEMM produced). 
   allreduce   NCCL all_reduce alone (breakdown)
   epilogue    radiance add_rms_quant alone (breakdown)
   separate    NCCL all_reduce, then add_rms_quant: two launches (today's deferred site)
-  fused       radiance.fp8_stream.fused_allreduce: symmetric-memory partials, one barrier,
+  fused       radiance.kernels.allreduce_add_rms_quant: symmetric-memory partials, one barrier,
               one Triton kernel reading both ranks' partials (no NVLink multicast)
 Checks (every rank, before timing): the all-reduced sum equals the bf16 rounding of the fp32
 sum of the partials; ``separate`` and ``fused`` equal all-reduce + the reference epilogue,
@@ -51,7 +51,7 @@ def _same(a, b) -> bool:
 
 def check(rank: int, world: int, m: int, k: int, fused=None) -> dict:
     """Correctness of ``separate`` (and of ``fused``, a TwoRankAllReduceEpilogue, if given)."""
-    from radiance.fp8_stream.fused_allreduce import allreduce_add_rms_quant_reference
+    from radiance.kernels.allreduce_add_rms_quant import allreduce_add_rms_quant_reference
     from radiance.kernels.add_rms_quant import add_rms_quant
 
     dev = device()
@@ -79,7 +79,7 @@ def _worker(rank: int, world: int, json_path, want_fused: bool, quick: bool):
     fused_error = None
     if want_fused:
         try:
-            from radiance.fp8_stream.fused_allreduce import TwoRankAllReduceEpilogue
+            from radiance.kernels.allreduce_add_rms_quant import TwoRankAllReduceEpilogue
 
             for k in KS:
                 fused[k] = TwoRankAllReduceEpilogue(max(MS), k, torch.bfloat16, device=dev)

@@ -180,7 +180,7 @@ def launch_all(cache: Path) -> dict:
 
     @group("fp8-stream epilogues")
     def _epilogues():
-        from radiance.fp8_stream.fused_allreduce import allreduce_add_rms_quant_triton
+        from radiance.kernels.allreduce_add_rms_quant import allreduce_add_rms_quant_triton
         from radiance.kernels.add_rms_quant import add_rms_quant
         from radiance.kernels.dispatch import fp8_dtype_for_device
         from radiance.kernels.gdn_norm_quant import gdn_norm_quant
@@ -203,7 +203,7 @@ def launch_all(cache: Path) -> dict:
 
     @group("fp8_gemm")
     def _fp8_gemm():
-        from radiance.kernels.add_rms_quant import quantize_reference
+        from radiance.kernels.fp8_common import quantize_reference
         from radiance.kernels.dispatch import fp8_dtype_for_device
         from radiance.kernels.fp8_gemm import scaled_mm
 

@@ -48,10 +48,10 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.layers.quantization import register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
-from radiance.kernels.add_rms_quant import quantize_reference
-from radiance.kernels.quant_fp8 import quant_fp8
 from radiance.kernels.dispatch import fp8_dtype_for_device
+from radiance.kernels.fp8_common import quantize_reference
 from radiance.kernels.fp8_gemm import scaled_mm
+from radiance.kernels.quant_fp8 import quant_fp8
 
 from .activation import Fp8Activation
 from .plan import FP8_INPUT_ATTR, Fp8Input

@@ -54,7 +54,7 @@ KERNEL_MODULES: tuple[str, ...] = (
     "radiance.kernels.quant_fp8",
     "radiance.kernels.gdn_norm_quant",
     "radiance.kernels.fp8_gemm",
-    "radiance.fp8_stream.fused_allreduce",
+    "radiance.kernels.allreduce_add_rms_quant",
     "radiance.kernels.draft_confidence",
     "radiance.kernels.ngram_match",
 )

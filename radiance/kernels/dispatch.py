@@ -6,6 +6,7 @@ import contextlib
 import functools
 import os
 import re
+import sys
 
 import torch
 
@@ -92,8 +93,35 @@ def describing(info: DeviceInfo):
         _clear_plan_caches()
 
 
+_VLLM_FP8: list = []  # vLLM's (format, bound), once asked
+
+
+def vllm_fp8() -> tuple[torch.dtype, float] | None:
+    """(fp8 format, its bound) vLLM quantises to on this process's platform -- its
+    ``current_platform.fp8_dtype()`` and ``get_fp8_min_max()`` -- or None where vLLM has not been
+    imported: the kernels never import vLLM themselves (their tests, benchmarks and the AOT build
+    run without it); inside the engine vLLM is loaded long before a kernel is planned."""
+    if not _VLLM_FP8:
+        if "vllm" not in sys.modules:
+            return None
+        try:
+            from vllm.model_executor.layers.quantization.utils.quant_utils import get_fp8_min_max
+            from vllm.platforms import current_platform
+
+            _VLLM_FP8.append((current_platform.fp8_dtype(), float(get_fp8_min_max()[1])))
+        except Exception:  # noqa: BLE001 - a vLLM without these answers: the plain-torch facts
+            _VLLM_FP8.append(None)
+    return _VLLM_FP8[0]
+
+
 def fp8_dtype_for_device(device: torch.device | None = None) -> torch.dtype:
-    """float8_e4m3fnuz on gfx94x (MI300), float8_e4m3fn everywhere else (gfx12, sm_89+, CPU)."""
+    """The fp8 format ``device`` quantises to: vLLM's on a GPU where vLLM runs, so a patch and the
+    stock layers beside it agree; elsewhere (kernels without vLLM, a target described for the AOT
+    list) the device description's: float8_e4m3fnuz on gfx94x (MI300), float8_e4m3fn everywhere
+    else (gfx12, sm_89+, CPU)."""
+    v = vllm_fp8()
+    if v is not None and not _OVERRIDE and (device is None or device.type == "cuda"):
+        return v[0]
     if device is None:
         return torch.float8_e4m3fn
     return describe(device).fp8_dtype

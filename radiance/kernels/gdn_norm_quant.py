@@ -41,7 +41,7 @@ import functools
 import torch
 
 from . import aot, shipped
-from .add_rms_quant import (  # noqa: F401  (SUPPORTED_GROUPS: re-exported, as before)
+from .fp8_common import (  # noqa: F401  (SUPPORTED_GROUPS: re-exported, as before)
     FP8_DTYPES,
     SUPPORTED_GROUPS,
     check_group,
@@ -63,7 +63,7 @@ try:  # Triton is optional: the reference runs everywhere.
     import triton
     import triton.language as tl
 
-    from .add_rms_quant import _pow2, _quant_row, _round_to, _sumsq_scale
+    from .fp8_common import pow2, quant_row, round_to, sumsq_scale
     from .silu_mul_quant import _exp_f32
 except ImportError:  # pragma: no cover - CPU images without Triton
     triton = None
@@ -147,18 +147,18 @@ if triton is not None:
         x = tl.load(x_ptr + row * K + cols, mask=mask, other=0.0).to(tl.float32)
         z = tl.load(z_ptr + row * stride_z + cols, mask=mask, other=0.0).to(tl.float32)
         sq = x * x
-        f = _sumsq_scale(tl.max(sq, axis=1), LOG2)
-        total = tl.sum((sq * _pow2(f)[:, None]).to(tl.int64), axis=1)
-        sumsq = total.to(tl.float32) * _pow2(-f)
+        f = sumsq_scale(tl.max(sq, axis=1), LOG2)
+        total = tl.sum((sq * pow2(f)[:, None]).to(tl.int64), axis=1)
+        sumsq = total.to(tl.float32) * pow2(-f)
         var = tl.math.div_rn(sumsq, tl.full([HB], D, tl.float32))
         rstd = tl.math.div_rn(tl.full([HB], 1.0, tl.float32), tl.math.sqrt_rn(var + eps))
         silu = tl.math.div_rn(z, 1.0 + _exp_f32(-z))
         out = ((x * rstd[:, None]) * w) * silu
-        xn = _round_to(out, act, NATIVE).to(tl.float32)
+        xn = round_to(out, act, NATIVE).to(tl.float32)
         # The quantiser's layout ([BLOCK / 8, 8], flat index i * 8 + j): the same row-major
         # order as [HB, D], padded heads are zeros (no effect on any amax; never stored).
         xn = tl.reshape(xn, [HB * D // 8, 8])
-        _quant_row(xn, xn, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, GROUP, FNUZ, HB * D, 0, HW_FP8)
+        quant_row(xn, xn, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, GROUP, FNUZ, HB * D, 0, HW_FP8)
 
 
 def launch_params(h: int, d: int) -> tuple[int, int, int]:

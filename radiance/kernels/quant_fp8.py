@@ -16,7 +16,7 @@ import torch
 import functools
 
 from . import aot, shipped
-from .add_rms_quant import (
+from .fp8_common import (
     FP8_DTYPES,
     check_group,
     codes_as_bytes,
@@ -33,7 +33,7 @@ try:
     import triton
     import triton.language as tl
 
-    from .add_rms_quant import _cols, _group_quant_store, _quant_row
+    from .fp8_common import group_quant_store, quant_row, row_cols
 except ImportError:  # pragma: no cover - CPU images without Triton
     triton = None
     tl = None
@@ -43,7 +43,7 @@ if triton is not None:
 
     @triton.jit
     def _load_part(x_ptr, row, stride, K, OFF: tl.constexpr, BLOCK: tl.constexpr):
-        cols = _cols(OFF, BLOCK)
+        cols = row_cols(OFF, BLOCK)
         return tl.load(x_ptr + row * stride + cols, mask=cols < K, other=0.0).to(tl.float32)
 
     @triton.jit
@@ -58,7 +58,7 @@ if triton is not None:
         xb = xa  # placeholder when there is no second part (never read)
         if BLOCK_B > 0:
             xb = _load_part(x_ptr, row, stride, K, BLOCK_A, BLOCK_B)
-        _quant_row(xa, xb, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A, BLOCK_B,
+        quant_row(xa, xb, row, q_ptr, s_ptr, K, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A, BLOCK_B,
                    HW_FP8)
 
     @triton.jit
@@ -71,9 +71,9 @@ if triton is not None:
         # torch.compile (docs/benchmarks.md).
         row = tl.program_id(0).to(tl.int64)
         off = tl.program_id(1) * BLOCK
-        cols = off + _cols(0, BLOCK)
+        cols = off + row_cols(0, BLOCK)
         x = tl.load(x_ptr + row * stride + cols, mask=cols < K, other=0.0).to(tl.float32)
-        _group_quant_store(x, row, q_ptr, s_ptr, K, off, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK, HW_FP8)
+        group_quant_store(x, row, q_ptr, s_ptr, K, off, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK, HW_FP8)
 
 
 GROUP_BLOCK = 1024  # columns per program of the group kernel (8 groups of 128)

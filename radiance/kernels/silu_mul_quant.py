@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .add_rms_quant import (  # noqa: F401  (FP8_DTYPES, SUPPORTED_GROUPS: re-exported, as before)
+from .fp8_common import (  # noqa: F401  (FP8_DTYPES, SUPPORTED_GROUPS: re-exported, as before)
     FP8_DTYPES,
     SUPPORTED_GROUPS,
     check_group,
@@ -38,7 +38,7 @@ try:
     import triton
     import triton.language as tl
 
-    from .add_rms_quant import _quant_row, _round_to
+    from .fp8_common import quant_row, round_to
 except ImportError:  # pragma: no cover
     triton = None
     tl = None
@@ -140,8 +140,8 @@ if triton is not None:
         act: tl.constexpr = gu_ptr.dtype.element_ty
         g = tl.load(gu_ptr + row * 2 * N + cols, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(gu_ptr + row * 2 * N + N + cols, mask=mask, other=0.0).to(tl.float32)
-        silu = _round_to(tl.math.div_rn(g, 1.0 + _exp_f32(-g)), act).to(tl.float32)
-        return _round_to(silu * u, act).to(tl.float32)
+        silu = round_to(tl.math.div_rn(g, 1.0 + _exp_f32(-g)), act).to(tl.float32)
+        return round_to(silu * u, act).to(tl.float32)
 
     @triton.jit
     def _silu_mul_quant_kernel(gu_ptr, q_ptr, s_ptr, N,
@@ -154,7 +154,7 @@ if triton is not None:
         hb = ha  # placeholder when there is no second part (never read)
         if BLOCK_B > 0:
             hb = _silu_mul_part(gu_ptr, row, N, BLOCK_A, BLOCK_B)
-        _quant_row(ha, hb, row, q_ptr, s_ptr, N, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A, BLOCK_B)
+        quant_row(ha, hb, row, q_ptr, s_ptr, N, FMAX, MIN_SCALE, GROUP, FNUZ, BLOCK_A, BLOCK_B)
 
 
 def silu_mul_quant_triton(gate_up: torch.Tensor, group_size: int = 0,

@@ -206,7 +206,7 @@ def test_carrier_through_the_methods_traces_in_one_graph(model, name):
     def consume(q, scale):
         return layer.quant_method.apply(layer, Fp8Activation(q, scale, torch.bfloat16))
 
-    from radiance.kernels.add_rms_quant import quantize_reference
+    from radiance.kernels.fp8_common import quantize_reference
 
     q, scale = quantize_reference(torch.randn(4, tiny_config.HIDDEN).to(torch.bfloat16), 128, FN)
     compiled = torch.compile(consume, fullgraph=True, backend="eager")
@@ -274,7 +274,7 @@ def test_fnuz_device_normalises_the_checkpoint_weights(tp1_group, monkeypatch):
     torch.testing.assert_close(deq, dequant_block_fp8(fn_w, fn_s, (128, 128), torch.float32), rtol=0, atol=0)
     assert layer.quant_method.fp8_input == Fp8Input(128, FNUZ)
     x = torch.randn(3, 256).to(torch.bfloat16)
-    from radiance.kernels.add_rms_quant import quantize_reference
+    from radiance.kernels.fp8_common import quantize_reference
 
     q, scale = quantize_reference(x, 128, FNUZ)
     assert torch.equal(layer(x)[0], layer(Fp8Activation(q, scale, torch.bfloat16))[0])

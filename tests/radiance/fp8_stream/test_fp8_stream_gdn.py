@@ -16,7 +16,7 @@ from radiance.fp8_stream import contract, gdn
 from radiance.fp8_stream.activation import Fp8Activation
 from radiance.fp8_stream.patch import install_on
 from radiance.fp8_stream.plan import FP8_INPUT_ATTR, Fp8Input, find_core, plan_stream
-from radiance.kernels.add_rms_quant import quantize_reference
+from radiance.kernels.fp8_common import quantize_reference
 from radiance.kernels.gdn_norm_quant import gdn_norm_quant_reference
 
 GDN_LAYERS = (0, 1, 2)

@@ -16,12 +16,8 @@ from radiance.fp8_stream.linear import (
     Fp8StreamLinearMethod,
 )
 from radiance.fp8_stream.plan import Fp8Input, fp8_input_of
-from radiance.kernels.add_rms_quant import (
-    FP8_MAX,
-    add_rms_norm_reference,
-    add_rms_quant_reference,
-    quantize_reference,
-)
+from radiance.kernels.add_rms_quant import add_rms_norm_reference, add_rms_quant_reference
+from radiance.kernels.fp8_common import FP8_MAX, quantize_reference
 
 FN = torch.float8_e4m3fn
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from radiance.kernels import add_rms_quant as arq
+from radiance.kernels import fp8_common as fc
 
 M_SIZES = (1, 8, 64, 512, 4096)
 K_SIZES = (2048, 5120)
@@ -69,9 +70,9 @@ def test_quant_matches_stock_formula(m, k, fmt, group):
     assert q.dtype == fmt and q.shape == (m, k)
     assert scale.dtype == torch.float32 and scale.shape == ((m, k // group) if group else (m, 1))
     assert torch.equal(new_r, want_r)
-    fmax = arq.fp8_max(fmt)
+    fmax = fc.fp8_max(fmt)
     groups = want.float().view(m, -1, group or k)
-    want_scale = (groups.abs().amax(-1) / fmax).clamp(min=arq.min_scale(fmt))
+    want_scale = (groups.abs().amax(-1) / fmax).clamp(min=fc.min_scale(fmt))
     torch.testing.assert_close(scale, want_scale, atol=0, rtol=2.0 ** -7)
     # Dequantised codes sit within half an fp8 step (2^-4 relative) of the stock activation,
     # plus one bf16 ulp; near zero within half the smallest subnormal step.
@@ -124,14 +125,14 @@ def test_reference_deterministic_and_batch_invariant(k, group):
 def test_exact_sumsq_is_order_free_and_accurate():
     g = torch.Generator().manual_seed(1)
     sq = (torch.randn(16, 5120, generator=g) * torch.logspace(-3, 3, 16).unsqueeze(-1)) ** 2
-    got = arq.exact_sumsq(sq, arq.sum_log2(5120))
+    got = fc.exact_sumsq(sq, fc.sum_log2(5120))
     perm = torch.randperm(5120, generator=g)
-    assert torch.equal(got, arq.exact_sumsq(sq[:, perm], arq.sum_log2(5120)))
+    assert torch.equal(got, fc.exact_sumsq(sq[:, perm], fc.sum_log2(5120)))
     want = sq.double().sum(-1)
     assert ((got.double() - want).abs() / want).max() <= 2.0 ** -24  # one rounding, no more
     # zero rows, rows near both ends of the fp32 range, small integers
     edge = torch.tensor([[0.0] * 4, [1e-30, 1e-31, 0.0, 0.0], [3e38, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 4.0]])
-    got = arq.exact_sumsq(edge, 7)
+    got = fc.exact_sumsq(edge, 7)
     assert got[0] == 0 and got[2] == edge[2, 0] and got[3] == 10.0
     assert abs(got[1].item() / 1.1e-30 - 1) < 2 ** -20
 
@@ -140,9 +141,9 @@ def test_reference_divisions_are_correctly_rounded():
     """The reference must not inherit an ulp from MKL's sqrt or a reciprocal-multiply."""
     x = torch.rand(100_000, dtype=torch.float32) * 100 + 1e-3
     want = (1.0 / torch.sqrt(x.double())).float()  # float64 then one rounding
-    assert torch.equal(arq.div_rn(torch.ones_like(x), arq.sqrt_rn(x)),
-                       arq.div_rn(torch.ones_like(x), torch.sqrt(x.double()).float()))
-    assert (arq.div_rn(torch.ones_like(x), arq.sqrt_rn(x)) - want).abs().max() <= want.max() * 2 ** -23
+    assert torch.equal(fc.div_rn(torch.ones_like(x), fc.sqrt_rn(x)),
+                       fc.div_rn(torch.ones_like(x), torch.sqrt(x.double()).float()))
+    assert (fc.div_rn(torch.ones_like(x), fc.sqrt_rn(x)) - want).abs().max() <= want.max() * 2 ** -23
 
 
 def test_rejects_bad_arguments():
@@ -185,11 +186,12 @@ def test_default_format_follows_device():
 _INTERPRET = textwrap.dedent("""
     import torch
     from radiance.kernels import add_rms_quant as arq
+    from radiance.kernels import fp8_common as fc
     from test_add_rms_quant import make_inputs
     bad = []
     for m, k, edge in ((1, 2048, False), (8, 5120, False), (3, 384, False), (4, 256, True)):
-        for fmt in arq.FP8_DTYPES:
-            for group in arq.SUPPORTED_GROUPS:
+        for fmt in fc.FP8_DTYPES:
+            for group in fc.SUPPORTED_GROUPS:
                 y, r, w = make_inputs(m, k)
                 if edge:  # rows that take the exact amax reduction instead of the prediction
                     y[0] = -r[0]            # an all-zero row

@@ -21,7 +21,7 @@ from radiance.kernels.dispatch import describing
 
 triton = pytest.importorskip("triton")
 
-from radiance.fp8_stream import fused_allreduce as far  # noqa: E402
+from radiance.kernels import allreduce_add_rms_quant as far  # noqa: E402
 from radiance.kernels import add_rms_quant as arq  # noqa: E402
 from radiance.kernels import draft_confidence as dc  # noqa: E402
 from radiance.kernels import fp8_gemm as fg  # noqa: E402

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from radiance.kernels import add_rms_quant as arq
+from radiance.kernels import fp8_common as fc
 from radiance.kernels import gdn_norm_quant as gnq
 
 # (tokens, heads, head dim): Qwen3-Next-80B's value heads per rank at TP=2 / TP=1, the tiny
@@ -77,7 +77,7 @@ def test_quant_matches_stock_formula(m, h, d, fmt, group):
     assert q.dtype == fmt and q.shape == (m, k)
     assert scale.dtype == torch.float32 and scale.shape == ((m, k // group) if group else (m, 1))
     want = stock_norm(x, z, w, EPS).float().view(m, -1, group or k)
-    want_scale = (want.abs().amax(-1) / arq.fp8_max(fmt)).clamp(min=arq.min_scale(fmt))
+    want_scale = (want.abs().amax(-1) / fc.fp8_max(fmt)).clamp(min=fc.min_scale(fmt))
     torch.testing.assert_close(scale, want_scale, atol=0, rtol=2.0 ** -7)
     deq = q.float().view(m, -1, group or k) * scale.unsqueeze(-1)
     sub = 2.0 ** (-10 if fmt == torch.float8_e4m3fnuz else -9)
@@ -116,7 +116,7 @@ def test_mismatch_rate_against_vllm_rmsnormgated(h, d, capsys):
     line = [(f"gdn_norm_quant vs vLLM RMSNormGated, {m} x {h} x {d}: bf16 values differ "
              f"{int(diff.sum())}/{diff.numel()} ({diff.float().mean().item():.2e}), rows {rows_bf16:.4f}")]
     for group in GROUPS:
-        qs, ss = arq.quantize_reference(stock, group, torch.float8_e4m3fn)
+        qs, ss = fc.quantize_reference(stock, group, torch.float8_e4m3fn)
         qo, so = gnq.gdn_norm_quant_reference(x, z, w, EPS, group, torch.float8_e4m3fn)
         codes = as_bytes(qs) != as_bytes(qo)
         line.append(f"g{group}: codes {int(codes.sum())}/{codes.numel()}, scales "

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from radiance.kernels import add_rms_quant as arq
+from radiance.kernels import fp8_common as fc
 from radiance.kernels import quant_fp8 as qf
 from radiance.kernels import shipped
 
@@ -48,7 +48,7 @@ def stock_quant(x, group, fmax):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_op_on_cpu_is_the_reference(fmt, group):
     x = make_inputs(8, 2048, edge=True)
-    assert same(qf.quant_fp8(x, group, fmt), arq.quantize_reference(x, group, fmt))
+    assert same(qf.quant_fp8(x, group, fmt), fc.quantize_reference(x, group, fmt))
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -57,8 +57,8 @@ def test_reference_close_to_stock(fmt, group):
     # The reference rounds 1 / scale once (vLLM's reciprocal can be an ulp off): the scales are
     # identical and the codes' inputs agree to fp32 rounding.
     x = make_inputs(64, 2048, edge=True)
-    q, scale = arq.quantize_reference(x, group, fmt)
-    want_v, want_scale = stock_quant(x, group, arq.FP8_MAX[fmt])
+    q, scale = fc.quantize_reference(x, group, fmt)
+    want_v, want_scale = stock_quant(x, group, fc.FP8_MAX[fmt])
     torch.testing.assert_close(scale, want_scale, rtol=0, atol=0)
     codes = q.float().view_as(want_v)
     torch.testing.assert_close(codes, want_v.to(fmt).float(), rtol=2.0 ** -3, atol=2.0 ** -9)
@@ -79,19 +79,19 @@ def test_opcheck(fmt, group):
 
 _INTERPRET = textwrap.dedent("""
     import torch
-    from radiance.kernels import add_rms_quant as arq
+    from radiance.kernels import fp8_common as fc
     from radiance.kernels import quant_fp8 as qf
     from test_quant_fp8 import make_inputs, same
     bad = []
     for m, k in ((1, 2048), (8, 5120), (3, 384), (4, 256)):
-        for fmt in arq.FP8_DTYPES:
-            for group in arq.SUPPORTED_GROUPS:
+        for fmt in fc.FP8_DTYPES:
+            for group in fc.SUPPORTED_GROUPS:
                 for dtype in (torch.bfloat16, torch.float16, torch.float32):
                     x = make_inputs(m, k, dtype, edge=True)
-                    if not same(qf.quant_fp8_triton(x, group, fmt), arq.quantize_reference(x, group, fmt)):
+                    if not same(qf.quant_fp8_triton(x, group, fmt), fc.quantize_reference(x, group, fmt)):
                         bad.append((m, k, str(fmt), group, str(dtype)))
                 wide = make_inputs(m, k + 256)[:, 128:128 + k]  # strided rows
-                if not same(qf.quant_fp8_triton(wide, group, fmt), arq.quantize_reference(wide, group, fmt)):
+                if not same(qf.quant_fp8_triton(wide, group, fmt), fc.quantize_reference(wide, group, fmt)):
                     bad.append((m, k, str(fmt), group, "strided"))
     print("MISMATCH", bad) if bad else print("OK")
 """)
@@ -110,7 +110,7 @@ def test_triton_interpreter_bit_exact(run_interpreted):
 @pytest.mark.parametrize("m", M_SIZES)
 def test_triton_bit_exact_on_gpu(m, k, fmt, group):
     x = make_inputs(m, k, edge=True)
-    want = arq.quantize_reference(x, group, fmt)  # on the CPU
+    want = fc.quantize_reference(x, group, fmt)  # on the CPU
     assert same(qf.quant_fp8_triton(x.cuda(), group, fmt), want)
     assert same(qf.quant_fp8(x.cuda(), group, fmt), want)  # the op
 
@@ -121,10 +121,10 @@ def test_triton_other_dtypes_and_strides_on_gpu(dtype):
     fmt = torch.float8_e4m3fn
     for group in GROUPS:
         x = make_inputs(64, 2048, dtype, edge=True)
-        assert same(qf.quant_fp8_triton(x.cuda(), group, fmt), arq.quantize_reference(x, group, fmt))
+        assert same(qf.quant_fp8_triton(x.cuda(), group, fmt), fc.quantize_reference(x, group, fmt))
         wide = make_inputs(64, 2048 + 256, dtype)[:, 128:128 + 2048]
         assert same(qf.quant_fp8_triton(wide.cuda(), group, fmt),
-                    arq.quantize_reference(wide, group, fmt))
+                    fc.quantize_reference(wide, group, fmt))
 
 
 def test_aot_compiles(aot_arch, aot_specs, aot_compile):

@@ -41,7 +41,7 @@ def _local_vocab_worker(rank, world, out):
 
 def _epilogue_worker(rank, world, out):
     _, ar, _ = _bench_modules()
-    from radiance.fp8_stream.fused_allreduce import TwoRankAllReduceEpilogue
+    from radiance.kernels.allreduce_add_rms_quant import TwoRankAllReduceEpilogue
 
     res = []
     for k in ar.KS:
@@ -80,7 +80,7 @@ def test_fused_allreduce_epilogue_tp2_exact():
 
 INTERPRETED = """
 import torch
-from radiance.fp8_stream.fused_allreduce import (allreduce_add_rms_quant_reference,
+from radiance.kernels.allreduce_add_rms_quant import (allreduce_add_rms_quant_reference,
                                                  allreduce_add_rms_quant_triton)
 g = torch.Generator().manual_seed(0)
 for m, k in [(3, 2048), (2, 5120)]:
@@ -113,7 +113,7 @@ def test_fused_allreduce_kernel_builds_ahead_of_time_for_amd(arch):
     pytest.importorskip("triton")
     from radiance.kernels import aot
 
-    import radiance.fp8_stream.fused_allreduce  # noqa: F401  (registers its specs)
+    import radiance.kernels.allreduce_add_rms_quant  # noqa: F401  (registers its specs)
 
     specs = [s for s in aot.specs_for(arch) if s.name.startswith("allreduce_add_rms_quant[")]
     assert len(specs) == 2  # hidden 5120, per token and per group of 128, the device's fp8 format
