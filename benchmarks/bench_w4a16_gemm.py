@@ -107,14 +107,10 @@ def random_packed(n: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 # ---------------------------------------------------------------------------------------
 # tuning
 # ---------------------------------------------------------------------------------------
-XSUMS = (False, True)
-
-
 def candidates(m: int, n: int, k: int, sms: int) -> list[wk.Config]:
-    """The sweep. Two K blocks per iteration (k_per_iter=2) and a register cap (max_regs)
-    are supported by the kernel but never won on the H200 (2026-11-29 sweep: more shared
-    memory per program, or spills), so they are not swept here; ``--no-xsum`` leaves out the
-    folded code bias too (it never won there either)."""
+    """The sweep: tiles, split-K and pipeline depth (the variants that never won on the H200 --
+    two K blocks per step, the folded code bias, a register cap -- left the kernel; their
+    numbers are in docs/benchmarks.md)."""
     bm = wk.block_m_for(m)
     bms = (8, 16) if m <= 8 else (bm,)
     kblocks = layout.padded_k(k) // layout.KBLOCK
@@ -126,8 +122,7 @@ def candidates(m: int, n: int, k: int, sms: int) -> list[wk.Config]:
                 if sk > 1 and (tiles >= 2 * sms or tiles * sk > 8 * sms or kblocks // sk < 2):
                     continue
                 for stages in (3, 5):
-                    for xsum in XSUMS:
-                        out.append(wk.Config(bn, bm, sk, warps, stages, 1, xsum))
+                    out.append(wk.Config(bn, bm, sk, warps, stages))
     return out
 
 
@@ -138,17 +133,13 @@ def _warm_one(args):
         import torch as _t
         from radiance.kernels import w4a16_gemm as _wk
 
-        cfg = _wk.Config(**cfg_d)
         kp = layout.padded_k(k)
-        split = max(1, min(cfg.split_k, kp // 128))
-        grid = (-(-n // cfg.block_n), split, -(-m // cfg.block_m))
+        dev = _wk.describe(_t.device("cuda", 0))
+        _, grid, kwargs = _wk.launch_plan(m, n, k, GROUP, False, dev, _wk.Config(**cfg_d))
         _wk._w4a16_gemm_kernel.warmup(
-            _t.bfloat16, _t.int32, _t.bfloat16, _t.bfloat16, _t.float32, _t.int32, _t.float32,
+            _t.bfloat16, _t.int32, _t.bfloat16, _t.bfloat16, _t.float32, _t.int32,
             m, n, k, k, n, kp * 2, kp // 128,  # stride_qt: 16 rows x Kp/8 words per tile
-            GROUP=GROUP, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, SPLIT_K=split, KPI=cfg.k_per_iter, FP16=False,
-            USE_ASM=True, INTERPRET=False, EVEN_K=k % 128 == 0, XSUM=cfg.xsum,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, grid=grid,
-            **({"maxnreg": cfg.max_regs} if cfg.max_regs else {}))
+            grid=grid, **kwargs)
         return None
     except Exception as exc:  # reported, the main process skips what fails to launch
         return f"{cfg_d}: {type(exc).__name__}: {str(exc)[:200]}"
@@ -385,7 +376,6 @@ def main(argv=None) -> int:
     p.add_argument("--profile-once", metavar="SHAPE", default=None,
                    help="run the kernel for SHAPE at the first --ms value twice (for ncu) and exit")
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma list of " + ", ".join(SHAPES))
-    p.add_argument("--no-xsum", action="store_true", help="tune without the folded code bias (xsum)")
     p.add_argument("--ms", default=",".join(map(str, MS)))
     p.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     p.add_argument("--json", default=str(REPO / "reports" / "bench_w4a16_gemm.json"))
@@ -411,9 +401,6 @@ def main(argv=None) -> int:
         print(f"[profile] {args.profile_once} M={ms[0]} {wk.lookup_config(ms[0], n, k, GROUP, device)}", flush=True)
         return 0
     if args.tune or args.tune_only:
-        global XSUMS
-        if args.no_xsum:
-            XSUMS = (False,)
         results = tune(shapes, ms, device, args.workers)
         path = write_table(results, device)
         report["tuned"] = results
@@ -430,7 +417,7 @@ def main(argv=None) -> int:
             print(f"{r['shape'][:20]:20s} {r['m']:3d} {r['bf16_us']:8.2f} {r['fp8_us']:8.2f} {r['ours_us']:8.2f} "
                   f"{r['ours_eager_us']:7.1f} {r['x_vs_bf16']:7.2f} {r['x_vs_fp8']:6.2f} {r['ours_gbs']:6.0f} "
                   f"{100 * r['ours_gbs'] / report['copy_gbs']:5.1f} "
-                  f"{c['block_n']}/{c['block_m']}/sk{c['split_k']}/w{c['num_warps']}/s{c['num_stages']}/k{c['k_per_iter']}")
+                  f"{c['block_n']}/{c['block_m']}/sk{c['split_k']}/w{c['num_warps']}/s{c['num_stages']}")
     if args.quality:
         report["quality"] = quality(device)
     out = Path(args.json)

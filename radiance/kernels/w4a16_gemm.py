@@ -22,11 +22,9 @@ Paths (``torch.ops.radiance.w4a16_gemm`` picks one):
   atomic ticket per tile) sums the partials in split order and writes the output: one
   launch, deterministic, and the ticket is reset to 0 by that last program, so the counters
   stay valid across launches and CUDA-graph replays.
-  Tunable variants (``Config``): ``k_per_iter`` (two K blocks per loop step), ``xsum`` (keep
-  the +136/+1032 code bias in the dot and subtract bias * sum(x) per group in fp32, which
-  drops the packed fma per two codes but costs a ``torch.sum`` launch and an unpipelined
-  load), ``max_regs`` (.maxnreg). None of the three won anywhere on the H200; they stay
-  because they are cheap to keep, tested, and may pay on other GPUs.
+  Tuned per shape (``Config``): the tile, the split and the pipeline depth. Variants that won
+  nowhere on the H200 (two K blocks per loop step, the code bias folded into fp32 per group,
+  a register cap) left the tree; docs/benchmarks.md keeps what they measured.
 * GPU, ``M > LARGE_M`` (1024, prefill): **dequantise**, not chunk. Streaming the weight once
   per 64 rows would read it ``M / 64`` times, so instead the weight is dequantised to the
   activation dtype in row chunks (bounded transient) and multiplied with ``torch.matmul``.
@@ -81,65 +79,15 @@ TUNED_M = (1, 8, 16, 32, 64)
 if HAS_TRITON:
 
     @triton.jit
-    def _unpack_asm(w, FP16: tl.constexpr, BIASED: tl.constexpr):
+    def _unpack_asm(w, FP16: tl.constexpr, BIASED: tl.constexpr = False):
         # Two K-adjacent words in, eight registers out; register i holds the two codes of
         # nibble i (k = 16 i + j, 16 i + j + 1) as a bf16x2/f16x2 pair. prmt puts byte b of
         # each word into the low byte of each half, lop3 keeps one nibble and ORs it into
         # the mantissa of 128.0 (bf16) / 1024.0 (fp16), and the fma subtracts 136 / 1032,
-        # which is exact: the result is the code q in -8..7. BIASED leaves the constant in
-        # (q + 136 / q + 1032); the kernel then subtracts it once per group in fp32.
-        if BIASED:
-            if FP16:
-                return tl.inline_asm_elementwise(
-                    asm="""
-                    {
-                    .reg .b32 t, u;
-                    prmt.b32 t, $8, $9, 0x5410;
-                    lop3.b32 $0, t, 0x000F000F, 0x64006400, 0xEA;
-                    shr.b32 u, t, 4;
-                    lop3.b32 $1, u, 0x000F000F, 0x64006400, 0xEA;
-                    shr.b32 u, t, 8;
-                    lop3.b32 $2, u, 0x000F000F, 0x64006400, 0xEA;
-                    shr.b32 u, t, 12;
-                    lop3.b32 $3, u, 0x000F000F, 0x64006400, 0xEA;
-                    prmt.b32 t, $8, $9, 0x7632;
-                    lop3.b32 $4, t, 0x000F000F, 0x64006400, 0xEA;
-                    shr.b32 u, t, 4;
-                    lop3.b32 $5, u, 0x000F000F, 0x64006400, 0xEA;
-                    shr.b32 u, t, 8;
-                    lop3.b32 $6, u, 0x000F000F, 0x64006400, 0xEA;
-                    shr.b32 u, t, 12;
-                    lop3.b32 $7, u, 0x000F000F, 0x64006400, 0xEA;
-                    }
-                    """,
-                    constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r",
-                    args=[w], dtype=(tl.float16,) * 8, is_pure=True, pack=2)
-            else:
-                return tl.inline_asm_elementwise(
-                    asm="""
-                    {
-                    .reg .b32 t, u;
-                    prmt.b32 t, $8, $9, 0x4400;
-                    lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA;
-                    shr.b32 u, t, 4;
-                    lop3.b32 $1, u, 0x000F000F, 0x43004300, 0xEA;
-                    prmt.b32 t, $8, $9, 0x5511;
-                    lop3.b32 $2, t, 0x000F000F, 0x43004300, 0xEA;
-                    shr.b32 u, t, 4;
-                    lop3.b32 $3, u, 0x000F000F, 0x43004300, 0xEA;
-                    prmt.b32 t, $8, $9, 0x6622;
-                    lop3.b32 $4, t, 0x000F000F, 0x43004300, 0xEA;
-                    shr.b32 u, t, 4;
-                    lop3.b32 $5, u, 0x000F000F, 0x43004300, 0xEA;
-                    prmt.b32 t, $8, $9, 0x7733;
-                    lop3.b32 $6, t, 0x000F000F, 0x43004300, 0xEA;
-                    shr.b32 u, t, 4;
-                    lop3.b32 $7, u, 0x000F000F, 0x43004300, 0xEA;
-                    }
-                    """,
-                    constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r",
-                    args=[w], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
-        elif FP16:
+        # which is exact: the result is the code q in -8..7. (BIASED: only False, for callers
+        # still passing it; the biased codes went with the folded-bias variant.)
+        tl.static_assert(not BIASED, "the biased unpack left the tree with the xsum variant")
+        if FP16:
             return tl.inline_asm_elementwise(
                 asm="""
                 {
@@ -211,31 +159,27 @@ if HAS_TRITON:
                 args=[w], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
 
     @triton.jit
-    def _unpack_one(w, i: tl.constexpr, FP16: tl.constexpr, INTERPRET: tl.constexpr, BIASED: tl.constexpr):
+    def _unpack_one(w, i: tl.constexpr, FP16: tl.constexpr, INTERPRET: tl.constexpr,
+                    BIASED: tl.constexpr = False):
         # portable form of the same magic-number trick, one code per int32 lane. The
         # interpreter mishandles int->bf16 casts and bf16 dots, so there it is plain fp32.
+        tl.static_assert(not BIASED, "the biased unpack left the tree with the xsum variant")
         if INTERPRET:
-            if BIASED:
-                return (((w >> (4 * i)) & 0xF) + (1024 if FP16 else 128)).to(tl.float32)
             return (((w >> (4 * i)) & 0xF) - 8).to(tl.float32)
         elif FP16:
             v = (((w >> (4 * i)) & 0xF) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
-            if BIASED:
-                return v
             return v - 1032.0
         else:
             v = (((w >> (4 * i)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-            if BIASED:
-                return v
             return v - 136.0
 
     @triton.jit(do_not_specialize=["M", "num_kblocks"])
     def _w4a16_gemm_kernel(
-        x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr, xs_ptr,
+        x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr,
         M, N, K, stride_xm, stride_om, stride_qt, num_kblocks,
         GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-        SPLIT_K: tl.constexpr, KPI: tl.constexpr, FP16: tl.constexpr, USE_ASM: tl.constexpr, INTERPRET: tl.constexpr,
-        EVEN_K: tl.constexpr, XSUM: tl.constexpr,
+        SPLIT_K: tl.constexpr, FP16: tl.constexpr, USE_ASM: tl.constexpr, INTERPRET: tl.constexpr,
+        EVEN_K: tl.constexpr,
     ):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -246,8 +190,8 @@ if HAS_TRITON:
         n_in = offs_n < N
         m_in = offs_m < M
 
-        # each split takes a whole number of KPI-block steps; only the last one can be ragged
-        per_split = tl.cdiv(tl.cdiv(num_kblocks, SPLIT_K), KPI) * KPI
+        # each split takes the same number of K blocks; only the last one can be short
+        per_split = tl.cdiv(num_kblocks, SPLIT_K)
         kb_lo = pid_k * per_split
         kb_hi = tl.minimum(kb_lo + per_split, num_kblocks)
 
@@ -256,53 +200,35 @@ if HAS_TRITON:
         x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_j[None, :]
         SUBS: tl.constexpr = GROUP // 16 if GROUP < 128 else 8
         GPB: tl.constexpr = 128 // GROUP if GROUP < 128 else 1
-        # XSUM: codes stay biased by BIAS in the dot; xs_ptr holds, per row of x and per
-        # scale unit (min(G, 128) of K), the fp32 sum of x, and BIAS * sum comes off in fp32
-        BIAS: tl.constexpr = 1032.0 if FP16 else 136.0
-        UNITS = num_kblocks * GPB  # scale units of min(G, 128) per row of xs
 
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for kb0 in range(kb_lo, kb_hi, KPI):
-            for kk in tl.static_range(KPI):
-                kb = kb0 + kk
-                if KPI == 1:
-                    w = tl.load(w_ptrs + kb * 256, mask=n_in[:, None], other=0)
-                    x_in = m_in
-                    s_in = n_in
-                else:
-                    # a ragged last step: block kb may lie past this split's range
-                    s_in = n_in & (tl.full([BLOCK_N], kb, tl.int32) < kb_hi)
-                    x_in = m_in & (tl.full([BLOCK_M], kb, tl.int32) < kb_hi)
-                    w = tl.load(w_ptrs + kb * 256, mask=s_in[:, None], other=0)
+        for kb in range(kb_lo, kb_hi):
+            w = tl.load(w_ptrs + kb * 256, mask=n_in[:, None], other=0)
+            if USE_ASM:
+                qs = _unpack_asm(w, FP16)
+            part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for i in tl.static_range(8):
                 if USE_ASM:
-                    qs = _unpack_asm(w, FP16, XSUM)
-                part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-                for i in tl.static_range(8):
-                    if USE_ASM:
-                        q = qs[i]
+                    q = qs[i]
+                else:
+                    q = _unpack_one(w, i, FP16, INTERPRET)
+                k0 = kb * 128 + 16 * i
+                if EVEN_K:
+                    xs = tl.load(x_ptrs + k0, mask=m_in[:, None], other=0.0)
+                else:
+                    xs = tl.load(x_ptrs + k0, mask=m_in[:, None] & (k0 + offs_j[None, :] < K), other=0.0)
+                if INTERPRET:
+                    part = tl.dot(q, tl.trans(xs).to(tl.float32), part, input_precision="ieee")
+                else:
+                    part = tl.dot(q, tl.trans(xs), part)
+                if (i + 1) % SUBS == 0:
+                    if GROUP < 128:
+                        g = kb * GPB + i // SUBS
                     else:
-                        q = _unpack_one(w, i, FP16, INTERPRET, XSUM)
-                    k0 = kb * 128 + 16 * i
-                    if EVEN_K:
-                        xs = tl.load(x_ptrs + k0, mask=x_in[:, None], other=0.0)
-                    else:
-                        xs = tl.load(x_ptrs + k0, mask=x_in[:, None] & (k0 + offs_j[None, :] < K), other=0.0)
-                    if INTERPRET:
-                        part = tl.dot(q, tl.trans(xs).to(tl.float32), part, input_precision="ieee")
-                    else:
-                        part = tl.dot(q, tl.trans(xs), part)
-                    if (i + 1) % SUBS == 0:
-                        if GROUP < 128:
-                            g = kb * GPB + i // SUBS
-                        else:
-                            g = (kb * 128) // GROUP
-                        s = tl.load(s_ptr + g * N + offs_n, mask=s_in, other=0.0).to(tl.float32)
-                        if XSUM:
-                            unit = kb * GPB + i // SUBS
-                            xsum = tl.load(xs_ptr + offs_m * UNITS + unit, mask=x_in, other=0.0)
-                            part = part - BIAS * xsum[None, :]
-                        acc += part * s[:, None]
-                        part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+                        g = (kb * 128) // GROUP
+                    s = tl.load(s_ptr + g * N + offs_n, mask=n_in, other=0.0).to(tl.float32)
+                    acc += part * s[:, None]
+                    part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
 
         out_offs = offs_m[None, :] * stride_om + offs_n[:, None]
         o_mask = n_in[:, None] & m_in[None, :]
@@ -334,9 +260,6 @@ class Config:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
-    k_per_iter: int = 1   # 128-wide K blocks per loop iteration (1 or 2)
-    xsum: bool = False    # keep the +136/+1032 code bias in the dot, subtract it per group in fp32
-    max_regs: int = 0     # register cap per thread (CUDA .maxnreg); 0 = compiler's choice
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -456,11 +379,9 @@ def launch_plan(m: int, n: int, k: int, group_size: int, fp16: bool, dev: Device
     split = max(1, min(cfg.split_k, kblocks))
     grid = (-(-n // cfg.block_n), split, -(-m // cfg.block_m))
     kwargs = dict(
-        GROUP=group_size, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, SPLIT_K=split, KPI=cfg.k_per_iter,
+        GROUP=group_size, BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, SPLIT_K=split,
         FP16=fp16, USE_ASM=dev.backend == "cuda" and not dev.interpret, INTERPRET=dev.interpret,
-        EVEN_K=k % layout.KBLOCK == 0, XSUM=cfg.xsum, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.max_regs:
-        kwargs["maxnreg"] = cfg.max_regs
+        EVEN_K=k % layout.KBLOCK == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return cfg, grid, kwargs
 
 
@@ -481,7 +402,7 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    cfg, grid, kwargs = launch_plan(m, n, k, group_size, x.dtype == torch.float16, describe(x.device), config)
+    _, grid, kwargs = launch_plan(m, n, k, group_size, x.dtype == torch.float16, describe(x.device), config)
     split = grid[1]
     kblocks = kp // layout.KBLOCK
     if split > 1:
@@ -490,14 +411,8 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     else:
         # unused, but typed as in the split-K launch: one compiled signature for both
         ws, cnt = _dummy_ws(x.device), _counters(x.device, 1)
-    if cfg.xsum:
-        unit = min(group_size, layout.KBLOCK)
-        xs = torch.zeros((m, kp // unit), dtype=torch.float32, device=x.device)
-        torch.sum(x.reshape(m, k // unit, unit), dim=-1, dtype=torch.float32, out=xs[:, : k // unit])
-    else:
-        xs = _dummy_ws(x.device)
     _w4a16_gemm_kernel[grid](
-        x, qweight, scales, out, ws, cnt, xs,
+        x, qweight, scales, out, ws, cnt,
         m, n, k, x.stride(0), out.stride(0), qweight.stride(0), kblocks, **kwargs)
     return out
 
