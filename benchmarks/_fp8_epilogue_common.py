@@ -1,6 +1,5 @@
 """Shared timing helpers of the fp8-stream benchmarks (bench_add_rms_quant, bench_silu_mul_quant,
-bench_fp8_gemm; bench_draft_confidence_rows borrows the empty launch). Not collected by pytest
-(no test_ prefix)."""
+bench_gdn_norm_quant, bench_quant_fp8, bench_fp8_gemm). Not collected by pytest (no test_ prefix)."""
 from __future__ import annotations
 
 import datetime
