@@ -2,6 +2,7 @@
 bench_gdn_norm_quant, bench_quant_fp8, bench_fp8_gemm). Not collected by pytest (no test_ prefix)."""
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import subprocess
@@ -128,6 +129,31 @@ def measure_shape(shape: dict, providers: dict, modes: list[str], baselines: tup
             ours[f"{mode}_vs_{base}"] = by[base][key] / ours[key]
         ours[f"{mode}_vs_floor"] = ours[key] / by["floor"][key]
     return rows
+
+
+def bench_args(doc: str, argv, *, modes: str = "graph,eager", flags: tuple[str, ...] = (), **lists: str):
+    """The epilogue benchmarks' command line: ``--json``, ``--modes`` (a comma list, parsed to a
+    list), one comma list of integers per keyword (``ms="8,64"``: ``--ms``, parsed to [8, 64]) and
+    the store-true ``flags``."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--json", default=None)
+    p.add_argument("--modes", default=modes)
+    for name, default in lists.items():
+        p.add_argument(f"--{name}", default=default)
+    for flag in flags:
+        p.add_argument(f"--{flag}", action="store_true")
+    args = p.parse_args(argv)
+    args.modes = args.modes.split(",")
+    for name in lists:
+        setattr(args, name, [int(v) for v in getattr(args, name).split(",")])
+    return args
+
+
+def report(name: str, rows: list[dict], shape: list[str], args, baselines: tuple[str, ...],
+           extra_cols: tuple[str, ...] = ()) -> None:
+    """The table of every row, then the run's JSON (``args.json``, if given)."""
+    print_table(rows, table_columns(shape, args.modes, baselines) + list(extra_cols))
+    write_json(args.json, name, rows)
 
 
 def table_columns(shape: list[str], modes: list[str], baselines: tuple[str, ...]) -> list[str]:

@@ -25,12 +25,11 @@ the public entry -- which goes past the dispatcher in eager mode -- and the op).
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
 from _fp8_epilogue_common import (
     FMAX,
     FP8,
+    bench_args,
     compile_m_dynamic,
     count_kernels,
     empty_launch,
@@ -170,19 +169,9 @@ def inputs(m, k, seed=0):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--json", default=None)
-    p.add_argument("--ms", default="8,16,32,64")
-    p.add_argument("--ks", default="2048,5120")
-    p.add_argument("--modes", default="graph,eager,host")
-    p.add_argument("--groups", default="0,128")
-    p.add_argument("--sweep", action="store_true")
-    p.add_argument("--host-breakdown", action="store_true")
-    args = p.parse_args(argv)
-    ms = [int(x) for x in args.ms.split(",")]
-    ks = [int(x) for x in args.ks.split(",")]
-    groups = [int(x) for x in args.groups.split(",")]
-    modes = args.modes.split(",")
+    args = bench_args(__doc__, argv, modes="graph,eager,host", flags=("sweep", "host-breakdown"),
+                      ms="8,16,32,64", ks="2048,5120", groups="0,128")
+    ms, ks, groups, modes = args.ms, args.ks, args.groups, args.modes
 
     sweep_rows = sweep(ks, ["graph"]) if args.sweep else []
     host_rows = host_breakdown(ks) if args.host_breakdown else []

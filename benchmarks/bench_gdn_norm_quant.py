@@ -10,21 +10,11 @@ modes as in bench_add_rms_quant (graph: CUDA-graph replay; eager: per call).
 """
 from __future__ import annotations
 
-import argparse
 import functools
 
 import torch
-from _fp8_epilogue_common import (
-    FP8,
-    compile_m_dynamic,
-    empty_launch,
-    mark_m_dynamic,
-    measure_shape,
-    print_table,
-    stock_per_token_quant,
-    table_columns,
-    write_json,
-)
+from _fp8_epilogue_common import (FP8, bench_args, compile_m_dynamic, empty_launch, mark_m_dynamic, measure_shape,
+                                  report, stock_per_token_quant)
 
 from radiance.kernels import gdn_norm_quant as gnq
 
@@ -43,29 +33,22 @@ def stock_chain(x, z, w):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--json", default=None)
-    p.add_argument("--ms", default="1,8,16,32,64")
-    p.add_argument("--heads", default="16,32")
-    p.add_argument("--modes", default="graph,eager")
-    args = p.parse_args(argv)
-    modes = args.modes.split(",")
+    args = bench_args(__doc__, argv, ms="1,8,16,32,64", heads="16,32")
     compiled = compile_m_dynamic(stock_chain)
     floor = empty_launch()
     rows = []
-    for h in [int(v) for v in args.heads.split(",")]:
+    for h in args.heads:
         k = h * D
         w = (1 + 0.2 * torch.randn(D, device="cuda")).to(torch.bfloat16)
-        for m in [int(v) for v in args.ms.split(",")]:
+        for m in args.ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 0.5
             z = (torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16) * 3)[:, k:]
             mark_m_dynamic(x, z)
             providers = {"floor": floor, "eager": functools.partial(stock_chain, x, z, w),
                          "compile_stock": functools.partial(compiled, x, z, w),
                          "ours": functools.partial(gnq.gdn_norm_quant_triton, x, z, w, EPS, 0, FP8)}
-            rows += measure_shape({"M": m, "H": h, "K": k}, providers, modes, BASELINES)
-    print_table(rows, table_columns(["M", "H", "K"], modes, BASELINES))
-    write_json(args.json, "gdn_norm_quant", rows)
+            rows += measure_shape({"M": m, "H": h, "K": k}, providers, args.modes, BASELINES)
+    report("gdn_norm_quant", rows, ["M", "H", "K"], args, BASELINES)
     return 0
 
 

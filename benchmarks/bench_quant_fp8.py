@@ -13,20 +13,9 @@ bench_add_rms_quant.
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
-from _fp8_epilogue_common import (
-    FMAX,
-    FP8,
-    compile_m_dynamic,
-    empty_launch,
-    mark_m_dynamic,
-    measure_shape,
-    print_table,
-    table_columns,
-    write_json,
-)
+from _fp8_epilogue_common import (FMAX, FP8, bench_args, compile_m_dynamic, empty_launch, mark_m_dynamic,
+                                  measure_shape, print_table, report, table_columns)
 
 from radiance.kernels import fp8_common as fc
 from radiance.kernels import quant_fp8 as qf
@@ -44,20 +33,14 @@ def stock_quant(x: torch.Tensor, group: int = 0):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--json", default=None)
-    p.add_argument("--ms", default="8,64,512")
-    p.add_argument("--ks", default="2048,5120")
-    p.add_argument("--groups", default="0,128")
-    p.add_argument("--modes", default="graph,eager")
-    args = p.parse_args(argv)
-    modes = args.modes.split(",")
+    args = bench_args(__doc__, argv, ms="8,64,512", ks="2048,5120", groups="0,128")
+    modes = args.modes
     floor = empty_launch()
     rows = []
-    for group in [int(g) for g in args.groups.split(",")]:
+    for group in args.groups:
         compiled = compile_m_dynamic(lambda x, g=group: stock_quant(x, g))
-        for k in [int(x) for x in args.ks.split(",")]:
-            for m in [int(x) for x in args.ms.split(",")]:
+        for k in args.ks:
+            for m in args.ms:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * 3
                 mark_m_dynamic(x)
                 got = qf.quant_fp8_triton(x, group, FP8)
@@ -77,8 +60,7 @@ def main(argv=None) -> int:
                 rows += shape_rows
                 print_table(shape_rows, table_columns(["M", "K", "group"], modes, BASELINES) + ["bit_exact"])
     print("\n# all rows")
-    print_table(rows, table_columns(["M", "K", "group"], modes, BASELINES) + ["bit_exact"])
-    write_json(args.json, "quant_fp8", rows)
+    report("quant_fp8", rows, ["M", "K", "group"], args, BASELINES, ("bit_exact",))
     return 0
 
 

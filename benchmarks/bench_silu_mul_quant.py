@@ -9,20 +9,9 @@ bench_add_rms_quant.
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
-from _fp8_epilogue_common import (
-    FP8,
-    compile_m_dynamic,
-    empty_launch,
-    mark_m_dynamic,
-    measure_shape,
-    print_table,
-    stock_per_token_quant,
-    table_columns,
-    write_json,
-)
+from _fp8_epilogue_common import (FP8, bench_args, compile_m_dynamic, empty_launch, mark_m_dynamic, measure_shape,
+                                  report, stock_per_token_quant)
 
 from radiance.kernels import silu_mul_quant as smq
 
@@ -35,26 +24,19 @@ def stock_chain(gu):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--json", default=None)
-    p.add_argument("--ms", default="8,16,32,64")
-    p.add_argument("--ns", default="512,2048,5120")
-    p.add_argument("--modes", default="graph,eager")
-    args = p.parse_args(argv)
-    modes = args.modes.split(",")
+    args = bench_args(__doc__, argv, ms="8,16,32,64", ns="512,2048,5120")
     compiled = compile_m_dynamic(stock_chain)
     floor = empty_launch()
     rows = []
-    for n in [int(x) for x in args.ns.split(",")]:
-        for m in [int(x) for x in args.ms.split(",")]:
+    for n in args.ns:
+        for m in args.ms:
             gu = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16) * 3
             mark_m_dynamic(gu)
             providers = {"floor": floor, "eager": lambda: stock_chain(gu),
                          "compile_stock": lambda: compiled(gu),
                          "ours": lambda: smq.silu_mul_quant_triton(gu, 0, FP8)}
-            rows += measure_shape({"M": m, "N": n}, providers, modes, BASELINES)
-    print_table(rows, table_columns(["M", "N"], modes, BASELINES))
-    write_json(args.json, "silu_mul_quant", rows)
+            rows += measure_shape({"M": m, "N": n}, providers, args.modes, BASELINES)
+    report("silu_mul_quant", rows, ["M", "N"], args, BASELINES)
     return 0
 
 
