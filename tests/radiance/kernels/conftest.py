@@ -73,3 +73,17 @@ def run_interpreted():
         return out.stdout
 
     return run
+
+
+@pytest.fixture
+def interpreter_ok(run_interpreted):
+    """``interpreter_ok(script, timeout=600)``: runs a kernel-against-reference script (it prints
+    OK, or MISMATCH and the cases) under ``run_interpreted`` and asserts that it printed OK; the
+    fp8 scripts share their loop and comparison through fp8_interpreted.py."""
+    pytest.importorskip("triton")
+
+    def check(script: str, timeout: int = 600) -> None:
+        out = run_interpreted(script, timeout=timeout)
+        assert out.strip().endswith("OK"), out[-3000:]
+
+    return check

@@ -184,32 +184,25 @@ def test_default_format_follows_device():
 # --- Triton vs reference: interpreter on CPU ---------------------------------------------
 
 _INTERPRET = textwrap.dedent("""
-    import torch
+    from fp8_interpreted import check_fp8_cases
     from radiance.kernels import add_rms_quant as arq
-    from radiance.kernels import fp8_common as fc
     from test_add_rms_quant import make_inputs
-    bad = []
-    for m, k, edge in ((1, 2048, False), (8, 5120, False), (3, 384, False), (4, 256, True)):
-        for fmt in fc.FP8_DTYPES:
-            for group in fc.SUPPORTED_GROUPS:
-                y, r, w = make_inputs(m, k)
-                if edge:  # rows that take the exact amax reduction instead of the prediction
-                    y[0] = -r[0]            # an all-zero row
-                    w[5] = 2.0 ** 21        # |1 + w| beyond the prediction's bound
-                a = arq.add_rms_quant_triton(y, r, w, 1e-6, group, fmt)
-                b = arq.add_rms_quant_reference(y, r, w, 1e-6, group, fmt)
-                same = (torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8))
-                        and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]))
-                if not same:
-                    bad.append((m, k, str(fmt), group))
-    print("MISMATCH", bad) if bad else print("OK")
+
+    def pair(case, fmt, group):
+        m, k, edge = case
+        y, r, w = make_inputs(m, k)
+        if edge:  # rows that take the exact amax reduction instead of the prediction
+            y[0] = -r[0]            # an all-zero row
+            w[5] = 2.0 ** 21        # |1 + w| beyond the prediction's bound
+        return (arq.add_rms_quant_triton(y, r, w, 1e-6, group, fmt),
+                arq.add_rms_quant_reference(y, r, w, 1e-6, group, fmt))
+
+    check_fp8_cases(((1, 2048, False), (8, 5120, False), (3, 384, False), (4, 256, True)), pair)
 """)
 
 
-def test_triton_interpreter_bit_exact(run_interpreted):
-    pytest.importorskip("triton")
-    out = run_interpreted(_INTERPRET)
-    assert out.strip().endswith("OK"), out[-3000:]
+def test_triton_interpreter_bit_exact(interpreter_ok):
+    interpreter_ok(_INTERPRET)
 
 
 # --- Triton vs reference on a GPU (bit for bit, across devices) ---------------------------

@@ -185,29 +185,24 @@ def test_default_format_follows_device():
 # --- Triton vs reference: interpreter on CPU ---------------------------------------------
 
 _INTERPRET = textwrap.dedent("""
-    import torch
+    from fp8_interpreted import check_fp8_cases
     from radiance.kernels import gdn_norm_quant as gnq
     from test_gdn_norm_quant import make_inputs
-    bad = []
-    for m, h, d, strided in ((1, 16, 128, True), (8, 4, 64, True), (3, 3, 128, False), (5, 2, 64, True)):
-        for fmt in gnq.FP8_DTYPES:
-            for group in gnq.SUPPORTED_GROUPS:
-                if group and (h * d) % group:
-                    continue
-                x, z, w = make_inputs(m, h, d, strided_z=strided)
-                a = gnq.gdn_norm_quant_triton(x, z, w, 1e-6, group, fmt)
-                b = gnq.gdn_norm_quant_reference(x, z, w, 1e-6, group, fmt)
-                if not (torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8))
-                        and torch.equal(a[1], b[1])):
-                    bad.append((m, h, d, str(fmt), group))
-    print("MISMATCH", bad) if bad else print("OK")
+
+    def pair(case, fmt, group):
+        m, h, d, strided = case
+        if group and (h * d) % group:
+            return None
+        x, z, w = make_inputs(m, h, d, strided_z=strided)
+        return (gnq.gdn_norm_quant_triton(x, z, w, 1e-6, group, fmt),
+                gnq.gdn_norm_quant_reference(x, z, w, 1e-6, group, fmt))
+
+    check_fp8_cases(((1, 16, 128, True), (8, 4, 64, True), (3, 3, 128, False), (5, 2, 64, True)), pair)
 """)
 
 
-def test_triton_interpreter_bit_exact(run_interpreted):
-    pytest.importorskip("triton")
-    out = run_interpreted(_INTERPRET)
-    assert out.strip().endswith("OK"), out[-3000:]
+def test_triton_interpreter_bit_exact(interpreter_ok):
+    interpreter_ok(_INTERPRET)
 
 
 # --- Triton vs reference on a GPU ----------------------------------------------------------

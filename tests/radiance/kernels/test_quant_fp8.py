@@ -79,28 +79,26 @@ def test_opcheck(fmt, group):
 
 _INTERPRET = textwrap.dedent("""
     import torch
+    from fp8_interpreted import check_fp8_cases
     from radiance.kernels import fp8_common as fc
     from radiance.kernels import quant_fp8 as qf
-    from test_quant_fp8 import make_inputs, same
-    bad = []
-    for m, k in ((1, 2048), (8, 5120), (3, 384), (4, 256)):
-        for fmt in fc.FP8_DTYPES:
-            for group in fc.SUPPORTED_GROUPS:
-                for dtype in (torch.bfloat16, torch.float16, torch.float32):
-                    x = make_inputs(m, k, dtype, edge=True)
-                    if not same(qf.quant_fp8_triton(x, group, fmt), fc.quantize_reference(x, group, fmt)):
-                        bad.append((m, k, str(fmt), group, str(dtype)))
-                wide = make_inputs(m, k + 256)[:, 128:128 + k]  # strided rows
-                if not same(qf.quant_fp8_triton(wide, group, fmt), fc.quantize_reference(wide, group, fmt)):
-                    bad.append((m, k, str(fmt), group, "strided"))
-    print("MISMATCH", bad) if bad else print("OK")
+    from test_quant_fp8 import make_inputs
+
+    def pair(case, fmt, group):
+        m, k, rows = case
+        if rows == "strided":
+            x = make_inputs(m, k + 256)[:, 128:128 + k]
+        else:
+            x = make_inputs(m, k, getattr(torch, rows), edge=True)
+        return qf.quant_fp8_triton(x, group, fmt), fc.quantize_reference(x, group, fmt)
+
+    check_fp8_cases([(m, k, rows) for m, k in ((1, 2048), (8, 5120), (3, 384), (4, 256))
+                     for rows in ("bfloat16", "float16", "float32", "strided")], pair)
 """)
 
 
-def test_triton_interpreter_bit_exact(run_interpreted):
-    pytest.importorskip("triton")
-    out = run_interpreted(_INTERPRET)
-    assert out.strip().endswith("OK"), out[-3000:]
+def test_triton_interpreter_bit_exact(interpreter_ok):
+    interpreter_ok(_INTERPRET)
 
 
 @pytest.mark.gpu

@@ -114,27 +114,20 @@ def test_opcheck(fmt, group):
 
 
 _INTERPRET = textwrap.dedent("""
-    import torch
+    from fp8_interpreted import check_fp8_cases
     from radiance.kernels import silu_mul_quant as smq
     from test_silu_mul_quant import make_inputs
-    bad = []
-    for m, n in ((1, 2048), (8, 5120), (3, 384)):
-        for fmt in smq.FP8_DTYPES:
-            for group in smq.SUPPORTED_GROUPS:
-                gu = make_inputs(m, n)
-                a = smq.silu_mul_quant_triton(gu, group, fmt)
-                b = smq.silu_mul_quant_reference(gu, group, fmt)
-                if not (torch.equal(a[0].view(torch.uint8), b[0].view(torch.uint8))
-                        and torch.equal(a[1], b[1])):
-                    bad.append((m, n, str(fmt), group))
-    print("MISMATCH", bad) if bad else print("OK")
+
+    def pair(case, fmt, group):
+        gu = make_inputs(*case)
+        return smq.silu_mul_quant_triton(gu, group, fmt), smq.silu_mul_quant_reference(gu, group, fmt)
+
+    check_fp8_cases(((1, 2048), (8, 5120), (3, 384)), pair)
 """)
 
 
-def test_triton_interpreter_bit_exact(run_interpreted):
-    pytest.importorskip("triton")
-    out = run_interpreted(_INTERPRET)
-    assert out.strip().endswith("OK"), out[-3000:]
+def test_triton_interpreter_bit_exact(interpreter_ok):
+    interpreter_ok(_INTERPRET)
 
 
 @pytest.mark.gpu
