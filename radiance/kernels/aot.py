@@ -49,6 +49,7 @@ from .device import DeviceInfo
 # Modules whose import registers their launch sources (register()). Each kernel module adds itself here.
 KERNEL_MODULES: tuple[str, ...] = (
     "radiance.kernels.w4a16_gemm",
+    "radiance.kernels.w4a8_gemm",
     "radiance.kernels.add_rms_quant",
     "radiance.kernels.silu_mul_quant",
     "radiance.kernels.quant_fp8",

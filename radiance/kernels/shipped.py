@@ -73,6 +73,11 @@ FP8_GEMM: dict[str, tuple[int, int]] = {
     "mlp.gate_up": (17408, 5120),
     "mlp.down": (5120, 8704),
 }
+# w4a8_gemm (radiance_w4's target linears, fed an Fp8Activation per token), name -> (N, K) per
+# rank, group 128: radiance_fp8's linears plus the GDN in_proj_ba (48 value heads x (b, a) / 2),
+# which radiance_w4 converts too
+W4A8_GROUP = 128
+W4A8: dict[str, tuple[int, int]] = {**FP8_GEMM, "gdn.in_proj_ba": (48, 5120)}
 # gdn_norm_quant (opt-in: features.fp8_stream.gdn_norm_quant): value heads per rank x head dim
 GDN_HEADS = 24
 GDN_HEAD_DIM = 128

@@ -29,6 +29,7 @@ from radiance.kernels import gdn_norm_quant as gnq  # noqa: E402
 from radiance.kernels import ngram_match as nm  # noqa: E402
 from radiance.kernels import quant_fp8 as qf  # noqa: E402
 from radiance.kernels import w4a16_gemm as wk  # noqa: E402
+from radiance.kernels import w4a8_gemm as w8  # noqa: E402
 from radiance.kernels import w4_layout as layout  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -66,6 +67,19 @@ def launch_w4a16(arch):
         qw, sc = torch.empty(qshape, dtype=torch.int32), torch.empty(sshape, dtype=BF16)
         for m in range(1, wk.LARGE_M + 1):  # the op's kernel band (above it: dequantise + matmul)
             wk.w4a16_gemm_triton(torch.empty((m, k), dtype=BF16), qw, sc, group)
+
+
+def launch_w4a8(arch):
+    """radiance_w4's consumers: an epilogue's (or quant_fp8's) per-token codes, every M of the kernel band."""
+    dev = aot.DEVICES[arch]
+    if not dev.has_fp8:
+        return
+    group = shipped.W4A8_GROUP
+    for n, k in shipped.W4A8.values():
+        qshape, sshape = layout.packed_shapes(n, k, group)
+        qw, sc = torch.empty(qshape, dtype=torch.int32), torch.empty(sshape, dtype=BF16)
+        for m in range(1, wk.LARGE_M + 1):
+            w8.w4a8_gemm_triton(torch.empty((m, k), dtype=dev.fp8_dtype), torch.empty((m, 1)), qw, sc, group)
 
 
 def launch_draft_confidence(arch):
@@ -121,10 +135,10 @@ def launch_fp8_gemm(arch):
                 fg.fp8_gemm_triton(torch.empty((m, k), dtype=fp8), a_scale, w_q, w_scale, BF16)
 
 
-LAUNCHERS = {"w4a16_gemm": launch_w4a16, "draft_confidence": launch_draft_confidence,
+LAUNCHERS = {"w4a16_gemm": launch_w4a16, "w4a8_gemm": launch_w4a8, "draft_confidence": launch_draft_confidence,
              "ngram_match": launch_ngram_match, "fp8_gemm": launch_fp8_gemm,
              "fp8 stream epilogues": launch_fp8_stream}
-KERNELS = {"w4a16_gemm": ("w4a16_gemm",), "draft_confidence": ("draft_confidence",),
+KERNELS = {"w4a16_gemm": ("w4a16_gemm",), "w4a8_gemm": ("w4a8_gemm",), "draft_confidence": ("draft_confidence",),
            "ngram_match": ("ngram_match",), "fp8_gemm": ("fp8_gemm",),
            "fp8 stream epilogues": ("add_rms_quant", "allreduce_add_rms_quant", "quant_fp8", "gdn_norm_quant")}
 
@@ -145,7 +159,7 @@ def test_aot_list_is_exactly_the_launches(arch, group):
         LAUNCHERS[group](arch)
     launched = set(seen)
     compiled = aot_keys(arch, KERNELS[group])
-    fp8_only = group in ("fp8_gemm", "fp8 stream epilogues")
+    fp8_only = group in ("fp8_gemm", "fp8 stream epilogues", "w4a8_gemm")
     assert launched or (fp8_only and not aot.DEVICES[arch].has_fp8), "no launch recorded"
     assert not launched - compiled, "launched, not in the AOT list:\n" + describe_keys(launched - compiled)
     assert not compiled - launched, "in the AOT list, never launched:\n" + describe_keys(compiled - launched)
