@@ -51,8 +51,10 @@ class ModelSpec(_Strict):
     served_name: Optional[str] = None
     # fp8: vLLM's own fp8 method. radiance_fp8: the linears fp8_stream feeds -- online W8A8 for a bf16
     # checkpoint (weights per channel at load, activations per token), or a block-fp8 (128x128)
-    # checkpoint's weights as stored (activations per group of 128).
-    quantization: Optional[Literal["fp8", "radiance_fp8"]] = None
+    # checkpoint's weights as stored (activations per group of 128). radiance_w4: the same consumers in
+    # 4 bits (W4A8 on the epilogue's fp8, W4A16 on a tensor), quantised at load from a bf16 or block-fp8
+    # checkpoint, or a symmetric group-128 GPTQ one repacked.
+    quantization: Optional[Literal["fp8", "radiance_fp8", "radiance_w4"]] = None
     fp8_lm_head: bool = False
     trust_remote_code: bool = False
 

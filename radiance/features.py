@@ -153,22 +153,34 @@ def _int4_head(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
     return True, "untied, unquantised head: W4A16, group 128, quantised in row chunks at load"
 
 
+# model.quantization values whose linears take the epilogue's (q, scale), and the checkpoints each serves
+# (config.json's quant_method; None: unquantised). radiance_w4 refuses asymmetric GPTQ at load, by name.
+_STREAM_CONSUMERS = {"radiance_fp8": (None, "fp8"), "radiance_w4": (None, "fp8", "gptq")}
+_CHECKPOINTS = {None: "bf16", "fp8": "block-fp8", "gptq": "symmetric group-128 GPTQ"}
+
+
 def _fp8_stream(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
     if s.tp < 2 or s.pp != 1:
         return False, f"needs tensor parallel > 1 and pipeline parallel 1 (tp={s.tp}, pp={s.pp})"
     if facts.moe:
         return False, ("every post-attention site feeds a sparse-MoE block (router, experts and shared expert "
                        "read the activation): the plan declines as a whole")
-    if s.quantization != "radiance_fp8":
+    if s.quantization not in _STREAM_CONSUMERS:
         return False, ("no consumer takes a pre-quantised (q, scale) input — fix: model.quantization: "
-                       "radiance_fp8")
-    if facts.quant_method not in (None, "fp8"):
-        return False, f"radiance_fp8 serves bf16 or block-fp8 checkpoints, not {facts.quant_method}"
+                       "radiance_fp8 (W8A8 consumers) or radiance_w4 (4-bit W4A8 consumers)")
+    if facts.quant_method not in _STREAM_CONSUMERS[s.quantization]:
+        return False, (f"{s.quantization} serves "
+                       f"{' / '.join(_CHECKPOINTS[m] for m in _STREAM_CONSUMERS[s.quantization])} "
+                       f"checkpoints, not {facts.quant_method}")
     where = ("; the DFlash taps keep the stock contract at their layer boundaries"
              if s.drafter == "dflash" else "")
     if facts.moe is None:
         return None, f"applies to a dense model (architecture not known){where}"
-    if facts.quant_method == "fp8":
+    if s.quantization == "radiance_w4":
+        mode = ("4-bit weights (group 128) against the epilogue's per-token fp8: W4A8 consumers, "
+                + {None: "quantised at load", "fp8": "quantised at load from the block-fp8 weights",
+                   "gptq": "the GPTQ codes repacked"}[facts.quant_method])
+    elif facts.quant_method == "fp8":
         mode = "the checkpoint's 128x128 fp8 weights, group-128 activations"
     elif facts.source == "config.json":
         mode = "online W8A8 of the bf16 weights, per-token activations"

@@ -22,7 +22,7 @@ logger = logging.getLogger("radiance")
 # module registers its config with vLLM's register_quantization_config when imported.
 # Registered whenever the plugin is enabled, not only with the feature on: a server that
 # quantises with radiance_fp8 and keeps the fp8-stream contract off is the contract's baseline.
-QUANT_MODULES: tuple[str, ...] = ("radiance.fp8_stream.linear",)
+QUANT_MODULES: tuple[str, ...] = ("radiance.fp8_stream.linear", "radiance.fp8_stream.w4_linear")
 
 # The report channel (radiance/report): installed whenever the plugin is, features on or off, so every
 # engine says what its patches did.

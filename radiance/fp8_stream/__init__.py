@@ -31,6 +31,11 @@ Pieces:
                  weights and dequantise the same group-128 input, so their sites still stream.
                  e4m3fnuz devices: vLLM's normalisation (0x80 -> 0, bits as fnuz, scales x2).
                  Other fp8 checkpoints (static, no or other blocks, e5m2) are refused by name.
+  w4_linear.py   ``radiance_w4``: the same consumers in 4 bits (the project's layout, group 128),
+                 quantised at load per TP shard from a bf16 or block-fp8 checkpoint (chunked), or
+                 repacked from symmetric group-128 GPTQ; an Fp8Activation runs ``w4a8_gemm``, a
+                 tensor ``w4a16_gemm``; ``Fp8Input(0, dtype)``. The install line counts the
+                 consumers by GEMM ("consumers: 9 w4a8"). Asymmetric GPTQ, AWQ, MXFP4: refused.
   gdn.py         RADIANCE_GDN_NORM_QUANT=1 (off by default): on an installed contract, each GDN
                  layer whose guards hold (silu-gated RMSNormGated over whole heads, bf16
                  weight, out_proj declaring ``radiance_fp8_input``, ...) gets a per-instance
@@ -40,7 +45,7 @@ Pieces:
 Kernels: radiance/kernels/add_rms_quant.py, silu_mul_quant.py, gdn_norm_quant.py, fp8_gemm.py,
 quant_fp8.py (the consumers' quantiser for plain-tensor inputs).
 
-Serving it: ``--quantization radiance_fp8`` (bf16 or block-fp8 checkpoint) and
+Serving it: ``--quantization radiance_fp8`` (bf16 or block-fp8 checkpoint; or ``radiance_w4``) and
 RADIANCE_FP8_STREAM=1, TP > 1. Consumers that qualify: full-attention qkv_proj, the GDN's
 in_proj_qkvz + in_proj_ba (both under radiance_fp8, same format), dense-MLP gate_up_proj.
 Checked end to end on vLLM CPU at TP=2, greedy tokens identical to the stock fp8 path:

@@ -162,6 +162,8 @@ class KeptLinearMethod(Fp8InputMethod):
     """A consumer the checkpoint keeps in bf16: exact weights, the group-128 fp8 input
     dequantised into a bf16 GEMM (see the module doc for why not online block-fp8)."""
 
+    radiance_gemm = "bf16"
+
     def __init__(self) -> None:
         setattr(self, FP8_INPUT_ATTR, Fp8Input(GROUP, CHECKPOINT_FP8))
 

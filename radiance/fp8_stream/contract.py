@@ -30,7 +30,7 @@ import torch
 
 from . import gdn
 from .activation import Fp8Activation
-from .plan import StreamPlan, attention_row, mlp_row
+from .plan import StreamPlan, attention_row, consumer_gemms, mlp_row
 
 STATE_ATTR = "_radiance_fp8_stream"
 INSTALLED_ATTR = "_radiance_fp8_stream_installed"
@@ -55,9 +55,12 @@ class Installed:
     gdn: list = field(default_factory=list)       # GDN modules given the fused norm + quant
     gdn_refused: dict = field(default_factory=dict)  # {why: [layer indices]} kept stock
     fused: bool = False  # the sites call the two-rank fused all-reduce epilogue
+    consumers: dict = field(default_factory=dict)  # {GEMM run on the (q, scale): consumer linears}
 
     def summary(self) -> str:
         text = self.plan.summary()
+        if self.consumers:
+            text += "; consumers: " + ", ".join(f"{n} {g}" for g, n in sorted(self.consumers.items()))
         if self.fused:
             text += "; each all-reduce + epilogue one two-rank kernel"
         if self.gdn or self.gdn_refused:
@@ -111,7 +114,7 @@ def install(core: torch.nn.Module, plan: StreamPlan, gdn_norm_quant: bool = Fals
     if getattr(core, INSTALLED_ATTR, None) is not None:
         raise RuntimeError("fp8-stream is already installed on this model")
     layers = list(core.layers)
-    done = Installed(plan, fused=fused)
+    done = Installed(plan, fused=fused, consumers=consumer_gemms(core, plan))
     setattr(core, INSTALLED_ATTR, done)
     try:
         for layer, lp in zip(layers, plan.layers):

@@ -85,6 +85,8 @@ class Fp8InputMethod(LinearMethodBase):
     read by plan.py). Its weight is created as the checkpoint stores a bf16 linear, sharded and
     loaded exactly like the unquantised method; subclasses that load something else override."""
 
+    radiance_gemm = "w8a8"  # what it runs on an Fp8Activation (the install line counts consumers by it)
+
     @property
     def fp8_input(self) -> Fp8Input | None:
         return getattr(self, FP8_INPUT_ATTR)

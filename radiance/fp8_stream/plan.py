@@ -175,6 +175,19 @@ def _row_problem(row, what: str) -> str | None:
     return None
 
 
+def consumer_gemms(core, plan: "StreamPlan") -> dict[str, int]:
+    """{GEMM a consumer runs on the epilogue's (q, scale) (its method's ``radiance_gemm``): count} over
+    every streamed site's consumers: what the install line reports ("w4a8" under radiance_w4)."""
+    counts: dict[str, int] = {}
+    for layer, lp in zip(core.layers, plan.layers):
+        sites = (attention_consumers(layer) if lp.stream_in else []) + (mlp_consumers(layer) if lp.stream_mid else [])
+        for _, module in sites:
+            method = getattr(module, "quant_method", module)
+            gemm = getattr(method, "radiance_gemm", None) or type(method).__name__
+            counts[gemm] = counts.get(gemm, 0) + 1
+    return counts
+
+
 def _consumer_format(consumers, site: str) -> tuple[Fp8Input | None, str | None]:
     formats = []
     for name, module in consumers:
