@@ -16,8 +16,10 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Awaitable, Callable
 
 UNIX = "unix:"
 SOCKET_NAME = "engine.sock"
@@ -56,6 +58,42 @@ class EngineLink:
         if self.uds:
             return aiohttp.UnixConnector(path=self.uds, limit=limit)
         return aiohttp.TCPConnector(limit=limit)
+
+
+class EngineExited(RuntimeError):
+    """The engine process ended while we waited for it to answer."""
+
+
+class EngineTimeout(RuntimeError):
+    """The engine did not answer /health in time."""
+
+
+async def wait_healthy(link: EngineLink, timeout: float, *, alive: Callable[[], Awaitable[bool]],
+                       waiting: Callable[[float], None] | None = None) -> None:
+    """Poll the engine's /health once a second until it answers 200. ``alive`` says whether its
+    process still runs (EngineExited when not); ``waiting(seconds)`` is told each second it is not
+    up yet (and may raise to stop the wait)."""
+    import asyncio
+
+    import aiohttp
+
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5),
+                                     connector=link.aiohttp_connector()) as s:
+        while True:
+            if not await alive():
+                raise EngineExited("the engine exited while loading")
+            try:
+                async with s.get(link.base_url + "/health") as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pass
+            if time.monotonic() - t0 > timeout:
+                raise EngineTimeout(f"the engine was not healthy after {timeout:.0f}s")
+            if waiting is not None:
+                waiting(time.monotonic() - t0)
+            await asyncio.sleep(1.0)
 
 
 def private_socket_dir(group_access: bool = False) -> Path:

@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
@@ -49,6 +49,21 @@ class GatewayState:
 
     def set(self, phase: str, reason: str = "", ready: bool = False) -> None:
         self.phase, self.reason, self.ready, self.since = phase, reason, ready, time.time()
+
+
+class UpstreamError(Exception):
+    """The engine (or, on Ray, every replica tried) could not be reached or broke off; the message is
+    safe to show a client."""
+
+
+@dataclass
+class Upstream:
+    """An engine's answer as the gateway relays it: status and headers, then the body as it arrives."""
+    status: int
+    reason: str | None
+    headers: list[tuple[str, str]]
+    body: AsyncIterator[bytes]
+    close: Callable[[], Awaitable[None]]
 
 
 def _json_error(status: int, message: str, kind: str) -> web.Response:
@@ -137,29 +152,37 @@ class Gateway:
     async def engine_report(self) -> engine_report.EngineReport:
         """What the engine's /metrics says of the patches (empty until its first step, or when it is
         unreachable)."""
-        if self._session is None:
+        try:
+            status, _, body = await self.upstream_metrics()
+        except UpstreamError:
             return engine_report.EngineReport()
+        if status != 200:
+            return engine_report.EngineReport()
+        try:
+            return engine_report.parse(body.decode(errors="replace"))
+        except ValueError:
+            return engine_report.EngineReport()
+
+    async def upstream_metrics(self) -> tuple[int, str, bytes]:
+        """(status, content type, body) of the engine's /metrics; UpstreamError when it does not answer."""
+        if self._session is None:
+            raise UpstreamError("gateway not started")
         try:
             async with self._session.get(self.upstream + "/metrics", headers=self.link.headers(),
                                          timeout=aiohttp.ClientTimeout(total=10)) as upstream:
-                if upstream.status != 200:
-                    return engine_report.EngineReport()
-                return engine_report.parse(await upstream.text())
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-            return engine_report.EngineReport()
+                return upstream.status, upstream.headers.get("Content-Type", "text/plain"), await upstream.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise UpstreamError(f"engine unreachable: {exc.__class__.__name__}") from exc
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         """The engine's /metrics (vLLM's and, through the plugin's report channel, radiance's)."""
         refused = self._refuse(request)
         if refused is not None:
             return refused
-        assert self._session is not None
         try:
-            async with self._session.get(self.upstream + "/metrics", headers=self.link.headers()) as upstream:
-                body = await upstream.read()
-                status, ctype = upstream.status, upstream.headers.get("Content-Type", "text/plain")
-        except aiohttp.ClientError as exc:
-            return _json_error(502, f"engine unreachable: {exc.__class__.__name__}", "bad_gateway")
+            status, ctype, body = await self.upstream_metrics()
+        except UpstreamError as exc:
+            return _json_error(502, str(exc), "bad_gateway")
         return web.Response(status=status, body=body, headers={"Content-Type": ctype})
 
     async def proxy(self, request: web.Request) -> web.StreamResponse:
@@ -176,32 +199,47 @@ class Gateway:
                 self._idle.set()
 
     async def _forward(self, request: web.Request) -> web.StreamResponse:
-        assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        headers.update(self.link.headers())   # the client's key stops here; the engine gets its own
         headers[REQUEST_ID] = request[RID_KEY]
-        url = self.upstream + request.rel_url.path_qs
         body = await request.read() if request.body_exists else None
         try:
-            upstream = await self._session.request(request.method, url, headers=headers, data=body,
-                                                   allow_redirects=False)
-        except aiohttp.ClientError as exc:
-            return _json_error(502, f"engine unreachable: {exc.__class__.__name__}", "bad_gateway")
-        async with upstream:
+            upstream = await self.open_upstream(request.method, request.rel_url.path_qs, headers, body)
+        except UpstreamError as exc:
+            return _json_error(502, str(exc), "bad_gateway")
+        try:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            for k, v in upstream.headers.items():
+            for k, v in upstream.headers:
                 if k.lower() not in HOP_BY_HOP:
                     response.headers[k] = v
             response.headers[REQUEST_ID] = request[RID_KEY]
             await response.prepare(request)
             try:
-                async for chunk in upstream.content.iter_any():
+                async for chunk in upstream.body:
                     await response.write(chunk)
-            except (aiohttp.ClientError, ConnectionResetError):
+            except (aiohttp.ClientError, ConnectionResetError, UpstreamError):
                 # The client or the engine went away mid-stream; nothing more to send.
                 return response
             await response.write_eof()
             return response
+        finally:
+            await upstream.close()
+
+    async def open_upstream(self, method: str, path_qs: str, headers: dict[str, str],
+                            body: bytes | None) -> "Upstream":
+        """Send the request to the engine; returns once its status and headers are in."""
+        assert self._session is not None
+        headers = {**headers, **self.link.headers()}   # the client's key stops here; the engine gets its own
+        try:
+            upstream = await self._session.request(method, self.upstream + path_qs, headers=headers, data=body,
+                                                   allow_redirects=False)
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"engine unreachable: {exc.__class__.__name__}") from exc
+
+        async def release() -> None:
+            upstream.release()
+
+        return Upstream(upstream.status, upstream.reason, list(upstream.headers.items()),
+                        upstream.content.iter_any(), release)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:

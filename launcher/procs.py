@@ -8,6 +8,10 @@ process's start time (field 22 of /proc/PID/stat, in clock ticks since boot) tel
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 
 
 def stat_fields(pid: int) -> list[str] | None:
@@ -51,3 +55,34 @@ def group_members(pgid: int) -> dict[int, str]:
         if entry.isdigit() and (fields := stat_fields(int(entry))) and int(fields[2]) == pgid:
             out[int(entry)] = fields[0]
     return out
+
+
+def leash(pgid: int, env: dict[str, str] | None = None) -> None:
+    """Have process group ``pgid`` killed as soon as this process ends, however it ends (a Ray replica
+    is SIGKILLed when Serve gives up on it: only its direct children go with it, and vLLM's engine core
+    outlives a killed API server). The watcher is forked off a short-lived child, so it is nobody's child
+    and no reaper of ours takes it along; it leaves by itself once the group has ended."""
+    me = os.getpid()
+    first = subprocess.Popen([sys.executable, "-m", "launcher.procs", str(me), str(start_time(me) or 0), str(pgid)],
+                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    first.wait()
+
+
+def _watch(pid: int, started: int, pgid: int) -> None:
+    if os.fork():
+        os._exit(0)
+    while alive(pid, started or None):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+if __name__ == "__main__":
+    _watch(*(int(a) for a in sys.argv[1:4]))

@@ -15,7 +15,7 @@ class DeploymentState:
     name: str
     profile_path: str
     profile_hash: str
-    runtime: str                      # local | docker | external
+    runtime: str                      # local | docker | external | ray
     gateway_url: str
     engine_url: str
     supervisor_pid: int
@@ -31,6 +31,8 @@ class DeploymentState:
     gate_report: str = ""
     exit_code: int | None = None
     api_key_env: str | None = None
+    ray_address: str = ""             # runtime ray: the cluster the replicas run on
+    replicas: int = 0                 # runtime ray: how many were asked for
 
     @property
     def dir(self) -> Path:

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import aiohttp
-
 from radiance import envs
 
 from . import engine_args, engine_link, errors, paths, procs
@@ -49,6 +47,8 @@ class UpOptions:
     image: str | None = None
     engine_url: str | None = None       # runtime "external": an engine someone else runs
     engine_key: str | None = None       # ... and the key it wants (its VLLM_API_KEY), if any
+    replicas: int = 1                   # runtime "ray": how many gated replicas Serve runs
+    ray_address: str | None = None      # runtime "ray": the cluster to join; None: a local one of ours
 
 
 class Supervisor:
@@ -68,6 +68,8 @@ class Supervisor:
         self.exit_code = errors.OK
         self.link: EngineLink | None = None
         self.socket_dir: Path | None = None
+        self.cluster = None                 # runtime "ray": launcher.runtime.ray_cluster.RayCluster
+        self._gate_failure: str | None = None   # runtime "ray": the last replica gate failure Serve reported
 
     # -- helpers ---------------------------------------------------------------------------
     def _phase(self, phase: str, reason: str = "", ready: bool = False) -> None:
@@ -103,30 +105,24 @@ class Supervisor:
         return await asyncio.to_thread(self.runtime.alive, self.handle)
 
     async def _wait_engine(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        t0 = time.monotonic()
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5),
-                                         connector=self.link.aiohttp_connector()) as s:
-            while True:
-                if self.handle is not None and not await self._engine_alive():
-                    raise errors.LauncherError(
-                        f"the engine exited while loading; see `radiance logs {self.name}` "
-                        f"({self.state.engine_log if self.state else ''})")
-                try:
-                    async with s.get(self.link.base_url + "/health") as r:
-                        if r.status == 200:
-                            return
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise errors.LauncherError(
-                        f"the engine was not healthy after {timeout:.0f}s — fix: raise "
-                        f"runtime.startup_timeout_s or see `radiance logs {self.name}`")
-                self._phase("loading", f"engine loading, {time.monotonic() - t0:.0f}s — "
-                                       f"{self._last_log_line()}")
-                if self._stop.is_set():
-                    raise asyncio.CancelledError
-                await asyncio.sleep(1.0)
+        async def alive() -> bool:
+            return self.handle is None or await self._engine_alive()
+
+        def waiting(seconds: float) -> None:
+            self._phase("loading", f"engine loading, {seconds:.0f}s — {self._last_log_line()}")
+            if self._stop.is_set():
+                raise asyncio.CancelledError
+
+        try:
+            await engine_link.wait_healthy(self.link, timeout, alive=alive, waiting=waiting)
+        except engine_link.EngineExited:
+            raise errors.LauncherError(
+                f"the engine exited while loading; see `radiance logs {self.name}` "
+                f"({self.state.engine_log if self.state else ''})") from None
+        except engine_link.EngineTimeout:
+            raise errors.LauncherError(
+                f"the engine was not healthy after {timeout:.0f}s — fix: raise "
+                f"runtime.startup_timeout_s or see `radiance logs {self.name}`") from None
 
     def _last_log_line(self) -> str:
         if self.state is None or not self.state.engine_log:
@@ -155,12 +151,17 @@ class Supervisor:
 
         if self.opts.runtime == "external":
             self.link = EngineLink(self.opts.engine_url.rstrip("/"), self.opts.engine_key)
+        elif self.opts.runtime == "ray":
+            from .runtime.ray_cluster import RayCluster
+
+            # Each replica holds its own engine link on its node; the gateway reaches them through Serve.
+            self.cluster = RayCluster(self.name, self.opts.ray_address)
         else:
             # The engine's only door: a socket in a directory of ours, and a key of this deployment's.
             self.socket_dir = engine_link.private_socket_dir(group_access=self.opts.runtime == "docker")
             self.link = EngineLink(f"{engine_link.UNIX}{self.socket_dir / engine_link.SOCKET_NAME}",
                                    engine_link.new_key())
-        engine_url = self.link.address
+        engine_url = self.link.address if self.link is not None else f"ray:{self.name}"
 
         self.state = DeploymentState(
             name=self.name, profile_path=str(Path(self.profile_path).resolve()),
@@ -171,14 +172,21 @@ class Supervisor:
         self.state.save()
 
         drain = envs.get("RADIANCE_DRAIN_TIMEOUT")
-        gateway = Gateway(self.link, self.gw_state, api_key=api_key, drain_timeout=drain)
+        if self.cluster is not None:
+            from .runtime.ray_cluster import RayGateway
+
+            gateway = RayGateway(self.cluster, self.gw_state, api_key=api_key, drain_timeout=drain)
+        else:
+            gateway = Gateway(self.link, self.gw_state, api_key=api_key, drain_timeout=drain)
         await gateway.start(host, public_port)
         self._phase("starting", "gateway up; preparing the engine")
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
+        self._install_signals()
 
         try:
+            if self.cluster is not None:
+                if await self._ray_up(gateway):
+                    await self._serve_ray_until_stopped(gateway)
+                return self.exit_code
             if self.opts.runtime != "external":
                 self._phase("starting", "resolving the model (a builtin model is generated on first use)")
                 model_arg, model_dir = await asyncio.to_thread(
@@ -241,9 +249,17 @@ class Supervisor:
                 self._phase("stopping", "stopping the engine")
                 await asyncio.to_thread(self.runtime.stop, self.handle, max(drain, 10.0))
             engine_link.remove_socket_dir(self.socket_dir)
+            if self.cluster is not None:
+                self._phase("stopping", "deleting the Serve application (each replica stops its engine)")
+                await asyncio.to_thread(self.cluster.teardown)
             if self.state is not None:
                 self.state.exit_code = self.exit_code
                 self._phase("stopped", self.gw_state.reason)
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         if not self._stop.is_set():
@@ -256,6 +272,83 @@ class Supervisor:
                 self.exit_code = errors.RUNTIME_ERROR
                 self._phase("failed", "the engine exited unexpectedly")
                 return
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- runtime "ray" ---------------------------------------------------------------------
+    async def _ray_replicas(self, gateway) -> dict:
+        """Serve's view of the replicas, with what each replica said of itself, into /radiance/status."""
+        from .runtime.ray_cluster import gate_failure
+
+        r = await asyncio.to_thread(self.cluster.replicas)
+        # Serve's message moves on while it retries a replica: the last gate failure seen stays on record.
+        self._gate_failure = gate_failure(r["message"]) or self._gate_failure
+        self.gw_state.info["replicas"] = {"target": self.opts.replicas, "serve_status": r["status"],
+                                          "states": r["states"], "gate_failure": self._gate_failure,
+                                          "answered_by": gateway.seen}
+        return r
+
+    async def _ray_up(self, gateway) -> bool:
+        """Deploy the replicas and follow them through their gates: True once at least one serves and the
+        rest have either passed or failed theirs."""
+        from .runtime.ray_cluster import ready_count
+
+        p, n = self.profile, self.opts.replicas
+        self._phase("starting", f"joining the Ray cluster at {self.opts.ray_address}" if self.opts.ray_address
+                    else "starting a local Ray cluster")
+        self.state.ray_address = await asyncio.to_thread(self.cluster.connect)
+        # Ray's core worker puts its own SIGTERM handler in (it logs, then dies): `radiance down` must
+        # reach ours, which drains and deletes the application first.
+        self._install_signals()
+        self.state.replicas = n
+        self.state.save()
+        await asyncio.to_thread(self.cluster.deploy, p, self.opts.platform, n, gateway.drain_timeout)
+        self.gw_state.info["profile"] = {"name": p.name, "hash": p.fingerprint(),
+                                         "features": p.features.enabled_names()}
+        # Each replica loads its engine and gates it inside its constructor, within the profile's startup
+        # time; the gate's own time on top.
+        deadline = time.monotonic() + p.runtime.startup_timeout_s + 600
+        while not self._stop.is_set():
+            r = await self._ray_replicas(gateway)
+            running, failure = ready_count(r), self._gate_failure
+            if r["status"] == "DEPLOY_FAILED":
+                self.exit_code = errors.GATE_FAILED if failure else errors.RUNTIME_ERROR
+                self._phase("unready" if failure else "failed",
+                            f"no replica passed its gate: {failure or r['message'].splitlines()[0]}")
+                return False
+            if running == n or (running and failure):
+                extra = f"; failed: {failure}" if running < n else ""
+                self._phase("ready", f"{running}/{n} replicas passed their gate{extra}", ready=True)
+                return True
+            if time.monotonic() > deadline:
+                raise errors.LauncherError(f"{running}/{n} replicas passed their gate within "
+                                           f"{p.runtime.startup_timeout_s + 600:.0f}s — fix: see "
+                                           f"`radiance logs {self.name}`")
+            states = ", ".join(f"{k.lower()} {v}" for k, v in sorted(r["states"].items()))
+            self._phase("gating", f"{running}/{n} replicas passed their gate ({states})")
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+        return False
+
+    async def _serve_ray_until_stopped(self, gateway) -> None:
+        """Ready while at least one replica serves; Serve replaces replicas whose engine exits."""
+        from .runtime.ray_cluster import ready_count
+
+        n = self.opts.replicas
+        while not self._stop.is_set():
+            try:
+                running = ready_count(await self._ray_replicas(gateway))
+            except Exception as exc:  # the cluster did not answer this time: say so, keep the last verdict
+                log.warning("Ray did not answer for the replicas' states: %s", exc)
+                running = None
+            if running == 0 and self.gw_state.ready:
+                self._phase("unready", f"0/{n} replicas serving: Serve is replacing them (each gates again)")
+            elif running and (not self.gw_state.ready or not self.gw_state.reason.startswith(f"{running}/")):
+                self._phase("ready", f"{running}/{n} replicas serving", ready=True)
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=1.0)
             except asyncio.TimeoutError:

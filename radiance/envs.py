@@ -181,6 +181,10 @@ _KNOBS = (
     Knob("RADIANCE_BASE_IMAGE", "", _parse_str, "Base image for image builds (BASE_IMAGE build argument)."),
     Knob("RADIANCE_VERSION", "", _parse_str, "compose: radiance version part of the image tag; empty: "
          "this radiance's version."),
+    Knob("RADIANCE_GATE_FORCE_FAIL", "0", parse_bool,
+         "Drills and tests: every gate run where this is set fails at once (its checks are not run). "
+         "Set on one Ray node (in the environment of its `ray start`) it proves that a replica failing "
+         "its gate takes no traffic; it can only hold an endpoint back, never expose one."),
     Knob("RADIANCE_DRAIN_TIMEOUT", "30", _parse_float,
          "Seconds the gateway waits for in-flight requests on shutdown.",
          check=lambda v: None if v >= 0 else "must be >= 0"),

@@ -55,6 +55,18 @@ def _remove_leftovers(st) -> int:
         except Exception as exc:  # no engine reachable: nothing we can remove
             console.warn(f"{st.name}: could not look for leftover containers: {exc}")
             return 0
+    if st.runtime == "ray" and st.ray_address:
+        from ..runtime.ray_cluster import RayCluster
+
+        try:  # Serve outlives a driver that was killed: its application (and each replica's engine) goes now
+            cluster = RayCluster(st.name, st.ray_address)
+            cluster.connect()
+            before = cluster.replicas()["status"] != "NOT_FOUND"
+            cluster.teardown()
+            return int(before)
+        except Exception as exc:  # a local cluster ended with its supervisor: nothing is left there
+            console.warn(f"{st.name}: could not reach the Ray cluster at {st.ray_address}: {exc}")
+            return 0
     if st.runtime == "local" and st.engine_ident.isdigit():
         pid = int(st.engine_ident)
         try:  # a recycled pid must not be killed: only a vLLM server started by us

@@ -18,6 +18,9 @@ from ..state import DeploymentState, all_deployments
 def command(name: str | None, follow: bool, supervisor: bool, tail: int | None) -> None:
     """Print the engine log of deployment NAME (the only one, when NAME is omitted)."""
     st = _pick(name)
+    if st.runtime == "ray" and not supervisor:
+        _ray_logs(st, follow, tail)
+        return
     # Both runtimes write the engine's output to the same file (docker mirrors the container's logs).
     path = st.supervisor_log if supervisor else st.engine_log
     if tail is not None:
@@ -59,3 +62,21 @@ def _pick(name: str | None) -> DeploymentState:
     if not states:
         raise errors.UsageError("no deployments — fix: `radiance up PROFILE` first")
     raise errors.UsageError("several deployments — fix: name one: " + ", ".join(s.name for s in states))
+
+
+def _ray_logs(st: DeploymentState, follow: bool, tail: int | None) -> None:
+    """Each replica's log (its own lines and its engine's), from whichever node it ran on, through Ray's
+    state API; prefixed with the replica's actor id."""
+    if follow:
+        raise errors.UsageError("--follow is not available for --runtime ray — fix: run it again, or "
+                                "`ray logs actor --id ID --follow` for one replica")
+    if not st.supervisor_alive() or not st.ray_address:
+        raise errors.UsageError(f"{st.name} is not running: its replicas' logs lived on the Ray cluster — fix: "
+                                "`radiance logs --supervisor` for the launcher's side")
+    from ..runtime.ray_cluster import RayCluster
+
+    cluster = RayCluster(st.name, st.ray_address)
+    cluster.connect()
+    lines = (f"[{actor}] {line}" for actor, line in cluster.replica_logs())
+    for line in (deque(lines, maxlen=tail) if tail is not None else lines):
+        click.echo(line)

@@ -38,6 +38,8 @@ def describe(st: DeploymentState) -> dict:
             d["gate"] = live.get("gate")
             d["in_flight"] = live.get("in_flight")
             d["telemetry"] = live.get("telemetry")
+            if live.get("replicas") is not None:
+                d["replicas"] = live["replicas"]
     return d
 
 
@@ -71,6 +73,15 @@ def command(name: str | None, as_json: bool) -> None:
             grow = [[c["name"], console.styled(c["status"]), c.get("reason", "")] for c in g.get("checks", [])]
             if grow:
                 console.out.print(console.table(f"{d['name']}: gate", ["check", "status", "reason"], grow))
+        if d.get("replicas"):
+            r = d["replicas"]
+            states = ", ".join(f"{k.lower()} {v}" for k, v in sorted(r["states"].items())) or "none"
+            rrow = [[rid, info["node"][:12], str(info["served"])] for rid, info in sorted(r["answered_by"].items())]
+            console.out.print(f"{d['name']}: {r['target']} replicas asked for; Serve: {r['serve_status']} ({states})"
+                              + (f"; gate failed: {r['gate_failure']}" if r.get("gate_failure") else ""))
+            if rrow:
+                console.out.print(console.table(f"{d['name']}: replicas that answered", ["replica", "node",
+                                                                                         "requests served"], rrow))
         if d.get("telemetry"):
             trow = [[k, str(v)] for k, v in sorted(d["telemetry"].items())]
             console.out.print(console.table(f"{d['name']}: draft telemetry", ["counter", "value"], trow))

@@ -40,8 +40,13 @@ def _print_result(st: DeploymentState | None, code: int) -> None:
 
 @click.command("up")
 @PROFILE_ARG
-@click.option("--runtime", type=click.Choice(["local", "docker"]), default=None,
-              help="Where the engine runs; default: the profile's runtime.kind.")
+@click.option("--runtime", type=click.Choice(["local", "docker", "ray"]), default=None,
+              help="Where the engine runs; default: the profile's runtime.kind. ray: --replicas gated "
+                   "replicas as a Ray Serve application.")
+@click.option("--replicas", "replicas_raw", default=None, metavar="N",
+              help="--runtime ray: how many replicas (each one the whole appliance with its own gate); default 1.")
+@click.option("--address", default=None, envvar="RAY_ADDRESS",
+              help="--runtime ray: the Ray cluster to join (env RAY_ADDRESS); default: start a local one.")
 @click.option("--detach", "-d", is_flag=True, help="Return once ready (or failed); keep serving in the background.")
 @click.option("--port", type=int, default=None, envvar="RADIANCE_PORT",
               help="Public port of the gateway (overrides server.port; env RADIANCE_PORT).")
@@ -52,9 +57,10 @@ def _print_result(st: DeploymentState | None, code: int) -> None:
 @click.option("--image", default=None, help="Docker runtime: the image to run (default: the profile's or computed tag).")
 @click.option("--supervised", is_flag=True, hidden=True)
 @click.option("--resolved-platform", default="cpu", hidden=True)
-def command(profile_path: str, runtime: str | None, detach: bool, port: int | None, skip_gate: bool,
-            keep_serving_unready: bool, gate_only: bool, image: str | None, supervised: bool,
-            resolved_platform: str) -> None:
+@click.pass_context
+def command(ctx: click.Context, profile_path: str, runtime: str | None, replicas_raw: str | None,
+            address: str | None, detach: bool, port: int | None, skip_gate: bool, keep_serving_unready: bool,
+            gate_only: bool, image: str | None, supervised: bool, resolved_platform: str) -> None:
     """Start PROFILE: validate, check the hardware, start vLLM with the radiance plugin, run the
     gate, and expose the OpenAI-compatible endpoint only once it passes.
 
@@ -67,6 +73,12 @@ def command(profile_path: str, runtime: str | None, detach: bool, port: int | No
     runtime = runtime or profile.runtime.kind
     if skip_gate and gate_only:
         raise errors.UsageError("--skip-gate and --gate-only contradict each other — fix: drop one")
+    # RAY_ADDRESS in the environment means nothing to the other runtimes; --address on the line does.
+    address_given = ctx.get_parameter_source("address") == click.core.ParameterSource.COMMANDLINE
+    replicas = _ray_options(runtime, replicas_raw, address if runtime == "ray" else None, address_given,
+                            skip_gate, keep_serving_unready, image)
+    if runtime != "ray":
+        address = None
     if skip_gate:
         console.warn("--skip-gate: the endpoint will be exposed WITHOUT its gate; this is recorded in its status")
 
@@ -76,8 +88,15 @@ def command(profile_path: str, runtime: str | None, detach: bool, port: int | No
                                    f"{running.supervisor_pid}, {running.gateway_url}) — fix: "
                                    f"`radiance down {profile.name}` first")
 
-    if not supervised:
-        rep = preflight.assess(profile, runtime=runtime, capabilities=False)
+    if not supervised and runtime == "ray" and address:
+        # The replicas run on the cluster's nodes, not here: each engine meets its hardware there.
+        if profile.runtime.platform == "auto":
+            raise errors.UsageError(f"{profile_path}: runtime.platform is auto, which says nothing of the Ray "
+                                    "cluster's nodes — fix: set runtime.platform to rocm, cuda or cpu")
+        platform = profile.runtime.platform
+    elif not supervised:
+        # A local Ray cluster runs on this machine: the same hardware verdict as the local runtime's.
+        rep = preflight.assess(profile, runtime="local" if runtime == "ray" else runtime, capabilities=False)
         if not rep.compatible:
             for f in rep.findings:
                 if f.status == "fail":
@@ -89,14 +108,48 @@ def command(profile_path: str, runtime: str | None, detach: bool, port: int | No
         platform = resolved_platform
 
     if detach and not supervised:
+        ray_args = ("--replicas", str(replicas)) + (("--address", address) if address else ()) \
+            if runtime == "ray" else ()
         code = _spawn_detached(profile.name, profile_path, runtime, platform, profile.server.port, skip_gate,
-                               keep_serving_unready, image)
+                               keep_serving_unready, image, ray_args)
         sys.exit(code)
 
     opts = UpOptions(runtime=runtime, platform=platform, skip_gate=skip_gate,
-                     keep_serving_unready=keep_serving_unready and not gate_only, image=image)
+                     keep_serving_unready=keep_serving_unready and not gate_only, image=image,
+                     replicas=replicas, ray_address=address)
     code = _run_foreground(profile, profile_path, opts, quiet=supervised, gate_only=gate_only)
     sys.exit(code)
+
+
+def _ray_options(runtime: str, replicas_raw: str | None, address: str | None, address_given: bool,
+                 skip_gate: bool, keep_serving_unready: bool, image: str | None) -> int:
+    """--replicas and --address belong to --runtime ray, and ray has no gate to skip; returns the
+    replica count."""
+    if runtime != "ray":
+        for given, flag in ((replicas_raw is not None, "--replicas"), (address_given, "--address")):
+            if given:
+                raise errors.UsageError(f"{flag} needs --runtime ray (the {runtime} runtime runs one engine) — "
+                                        f"fix: add --runtime ray or drop {flag}")
+        return 1
+    try:
+        replicas = int(replicas_raw) if replicas_raw is not None else 1
+    except ValueError:
+        replicas = 0
+    if replicas < 1:
+        raise errors.UsageError(f"--replicas {replicas_raw!r}: expected a whole number >= 1 — fix: e.g. --replicas 2")
+    for given, flag, why in ((skip_gate, "--skip-gate", "a replica takes traffic only once its own gate passed"),
+                             (keep_serving_unready, "--keep-serving-unready",
+                              "Serve replaces a replica that failed its gate, the others keep serving"),
+                             (image is not None, "--image", "each replica runs vLLM in its node's Python")):
+        if given:
+            raise errors.UsageError(f"{flag} does not apply to --runtime ray ({why}) — fix: drop {flag}")
+    if address is not None and not address.strip():
+        raise errors.UsageError("--address is empty — fix: the Ray cluster's address (host:port of its GCS, "
+                                "or ray://host:10001), or leave it out for a local cluster")
+    from ..runtime.ray_cluster import require_ray
+
+    require_ray()
+    return replicas
 
 
 def _configure_logging(name: str, quiet: bool) -> None:
@@ -170,7 +223,7 @@ def _print_gate_report(path: str) -> None:
 
 
 def _spawn_detached(name: str, profile_path: str, runtime: str, platform: str, port: int, skip_gate: bool,
-                    keep: bool, image: str | None) -> int:
+                    keep: bool, image: str | None, extra: tuple[str, ...] = ()) -> int:
     d = paths.deployment_dir(name)
     d.mkdir(parents=True, exist_ok=True)
     for stale in ("state.json",):
@@ -183,6 +236,7 @@ def _spawn_detached(name: str, profile_path: str, runtime: str, platform: str, p
         argv.append("--keep-serving-unready")
     if image:
         argv += ["--image", image]
+    argv += extra
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(d / "supervisor.log", "ab") as log:
         child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

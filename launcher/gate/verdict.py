@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+from radiance import envs
+
 from .. import paths
 from ..profile import Profile
 
@@ -30,6 +32,10 @@ async def run(profile: Profile, engine_url: str, *, context: dict, engine_key: s
     from . import report as gate_report
     from .runner import run_gate_async
 
+    if envs.get("RADIANCE_GATE_FORCE_FAIL"):
+        reason = "RADIANCE_GATE_FORCE_FAIL is set here: failed without running the checks"
+        return GateOutcome(passed=False, reason=reason,
+                           summary={"passed": False, "reason": reason, "forced": True, "checks": []})
     context = {"drafter": profile.drafter.type, "features_enabled": profile.features.enabled_names(), **context}
     # The gate talks to the engine directly (its socket, its key): the gateway proxies nothing until the
     # gate has passed.

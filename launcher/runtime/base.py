@@ -17,7 +17,7 @@ class EngineSpec:
     server_args: list[str]          # arguments after `python -m vllm.entrypoints.openai.api_server`
     env: dict[str, str]             # RADIANCE_* knobs and VLLM_* settings for the engine processes
     platform: str                   # "cpu" | "rocm" | "cuda"
-    log_path: Path                  # engine stdout/stderr go here (host path)
+    log_path: Path | None           # engine stdout/stderr go here (host path); None: ours (a Ray replica's)
     model_dir: Path | None = None   # a local model directory (mounted read-only into containers)
     extra_dirs: tuple[Path, ...] = ()  # other local checkpoints (a drafter), mounted read-only too
     socket_dir: Path | None = None  # private directory holding the engine's socket (engine_link)

@@ -53,19 +53,28 @@ def _reap_group(pgid: int) -> None:
 class LocalRuntime:
     name = "local"
 
+    def __init__(self, subreaper: bool = True):
+        # A Ray replica is no subreaper: Ray kills a dead worker's children, which would take the
+        # engine's leash (launcher.procs.leash) along with it.
+        self.subreaper = subreaper
+
     def start(self, spec: EngineSpec) -> EngineHandle:
-        _become_subreaper()
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.subreaper:
+            _become_subreaper()
         env = dict(os.environ)
         env.update(spec.env)
         env.update(spec.secret_env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *spec.server_args]
-        log = open(spec.log_path, "ab", buffering=0)
+        log = None
+        if spec.log_path is not None:
+            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(spec.log_path, "ab", buffering=0)
         # Own process group: stop() signals vLLM's engine-core and worker children too.
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, start_new_session=True)
-        log.close()
+        if log is not None:
+            log.close()
         return EngineHandle(runtime=self.name, ident=str(proc.pid), spec=spec)
 
     def alive(self, handle: EngineHandle) -> bool:

@@ -1,0 +1,160 @@
+"""One RADIANCE appliance inside a Ray Serve replica (imported by the replica actor, on its node).
+
+The replica is what `radiance up` is on one host, minus the public gateway: it starts vLLM with the
+plugin as a subprocess on a private Unix socket with a key of its own (launcher.runtime.local,
+launcher.engine_link), waits for it, and runs the profile's gate against it, all in its constructor.
+Serve routes to a replica only once its constructor has returned, so a replica whose gate fails raises
+instead and never takes a request (Serve retries it, on whatever node has room). Afterwards
+``check_health`` is the engine staying up: an engine that exits makes Serve replace the replica.
+
+Requests come from the RADIANCE gateway through a Serve handle (launcher.runtime.ray_cluster): the
+first item a replica yields carries the status, headers, the first piece of the body and who answered,
+so the gateway can send the request to another replica as long as nothing has reached its client.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import AsyncIterator
+
+import aiohttp
+
+from .. import engine_args, engine_link, paths, procs
+from ..engine_link import EngineLink
+from ..gate import verdict
+from ..profile import Profile
+from .base import EngineSpec
+from .local import LocalRuntime
+
+class GateFailed(RuntimeError):
+    """This replica's gate failed: Serve must not route to it."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The replica's engine did not answer before the first byte; another replica may."""
+
+
+class RadianceReplica:
+    async def __init__(self, profile_json: str, platform: str):
+        import ray
+        from ray import serve
+
+        self.handle = None
+        self.socket_dir = None
+        self.session: aiohttp.ClientSession | None = None
+        self.served = 0
+        profile = Profile.model_validate_json(profile_json)
+        self.ident = {"replica": serve.get_replica_context().replica_id.unique_id,
+                      "node": ray.get_runtime_context().get_node_id()}
+        self.socket_dir = engine_link.private_socket_dir()
+        self.link = EngineLink(f"{engine_link.UNIX}{self.socket_dir / engine_link.SOCKET_NAME}",
+                               engine_link.new_key())
+        model_arg, model_dir = engine_args.resolve_model(profile, paths.cache_home(), paths.REPO_ROOT)
+        drafter_arg, drafter_dir = engine_args.resolve_drafter(profile, paths.cache_home(), paths.REPO_ROOT)
+        cfg = engine_args.build(profile, platform=platform, uds=self.link.uds, engine_key=self.link.key,
+                                model_arg=model_arg, model_dir=model_dir, drafter_arg=drafter_arg)
+        _same_plugin(cfg.env)
+        # The engine writes into this actor's own log (Ray keeps it per worker on the node:
+        # `radiance logs` reads it through Ray's state API).
+        spec = EngineSpec(deployment=profile.name, server_args=cfg.server_args, env=cfg.env, platform=platform,
+                          log_path=None, model_dir=model_dir, extra_dirs=(drafter_dir,) if drafter_dir else (),
+                          socket_dir=self.socket_dir, secret_env=cfg.secret_env)
+        self.runtime = LocalRuntime(subreaper=False)
+        print(f"[radiance] replica {self.ident['replica']}: {cfg.redacted_command()}", flush=True)
+        self.handle = self.runtime.start(spec)
+        # Serve kills a replica it gives up on (one still loading when the application is deleted): the
+        # engine's whole process group goes with it.
+        procs.leash(int(self.handle.ident), env={**os.environ, **{k: v for k, v in cfg.env.items()
+                                                                  if k == "PYTHONPATH"}})
+        self.ident["engine_pid"] = int(self.handle.ident)
+
+        async def alive() -> bool:
+            return self.runtime.alive(self.handle)
+
+        try:
+            await engine_link.wait_healthy(self.link, profile.runtime.startup_timeout_s, alive=alive)
+        except (engine_link.EngineExited, engine_link.EngineTimeout) as exc:
+            self._stop_engine()
+            raise RuntimeError(f"replica {self.ident['replica']}: {exc}") from None
+        outcome = await verdict.run(profile, self.link.address, engine_key=self.link.key, context={
+            "profile": profile.name, "profile_hash": profile.fingerprint(), "replica": self.ident["replica"],
+            "node": self.ident["node"]})
+        print(f"[radiance] replica {self.ident['replica']}: gate {'passed' if outcome.passed else 'FAILED'}: "
+              f"{outcome.reason} (report {outcome.report_path})", flush=True)
+        if not outcome.passed:
+            self._stop_engine()
+            raise GateFailed(f"gate failed on replica {self.ident['replica']}: {outcome.reason}")
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                                             auto_decompress=False, connector=self.link.aiohttp_connector())
+
+    async def check_health(self) -> None:
+        if not self.runtime.alive(self.handle):
+            raise RuntimeError(f"replica {self.ident['replica']}: its engine exited")
+
+    async def forward(self, method: str, path_qs: str, headers: dict[str, str],
+                      body: bytes | None) -> AsyncIterator[dict | bytes]:
+        """The request against this replica's engine: first a dict (status, reason, headers, replica,
+        chunk: the first piece of the body), then the rest of the body piece by piece. Anything that goes
+        wrong before the first item raises, so the caller may try another replica."""
+        assert self.session is not None
+        headers = {**headers, **self.link.headers()}
+        try:
+            upstream = await self.session.request(method, self.link.base_url + path_qs, headers=headers,
+                                                  data=body, allow_redirects=False)
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"engine unreachable: {exc.__class__.__name__}") from None
+        async with upstream:
+            pieces = upstream.content.iter_any()
+            try:
+                first = await pieces.__anext__()
+            except StopAsyncIteration:
+                first = b""
+            except aiohttp.ClientError as exc:
+                raise EngineUnavailable(f"engine broke off before answering: {exc.__class__.__name__}") from None
+            self.served += 1
+            yield {"status": upstream.status, "reason": upstream.reason, "headers": list(upstream.headers.items()),
+                   "replica": {**self.ident, "served": self.served}, "chunk": first}
+            async for piece in pieces:
+                yield piece
+
+    async def metrics(self) -> tuple[int, str, bytes]:
+        """The engine's /metrics (vLLM's and the plugin's report channel), as the gateway relays it."""
+        assert self.session is not None
+        async with self.session.get(self.link.base_url + "/metrics", headers=self.link.headers(),
+                                    timeout=aiohttp.ClientTimeout(total=10)) as r:
+            return r.status, r.headers.get("Content-Type", "text/plain"), await r.read()
+
+    def _stop_engine(self) -> None:
+        if getattr(self, "handle", None) is not None:
+            self.runtime.stop(self.handle, 10.0)
+            self.handle = None
+        engine_link.remove_socket_dir(getattr(self, "socket_dir", None))
+
+    def __del__(self):
+        # Serve calls this on a graceful stop (down, scale-in, a failed health check); Python does too
+        # for a constructor that raised. The engine's whole process group goes with the replica.
+        self._stop_engine()
+
+
+def actor_options(profile: Profile, platform: str) -> dict:
+    """What one replica reserves on its node: the profile's TP x PP devices (vLLM runs its TP workers as
+    local processes of the engine, so one actor holds them all and a replica never spans nodes)."""
+    devices = profile.parallel.tp * profile.parallel.pp
+    if platform == "cpu":
+        return {"num_cpus": devices}
+    return {"num_cpus": 1, "num_gpus": devices}
+
+
+
+def _same_plugin(env: dict[str, str]) -> None:
+    """The engine imports the radiance this replica runs: Ray starts workers in a directory of its own,
+    where a source checkout the replica found on the driver's path is not importable by name."""
+    import site
+    import sys
+
+    from radiance import envs
+
+    root = str(Path(envs.__file__).resolve().parent.parent)
+    installed = {str(Path(p).resolve()) for p in site.getsitepackages() + [site.getusersitepackages()]}
+    if root not in installed and root in {str(Path(p or ".").resolve()) for p in sys.path}:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
