@@ -20,13 +20,19 @@ FP8 = torch.float8_e4m3fn
 FMAX = 448.0
 
 
-def commit() -> str:
+def commit(tree: Path = REPO, unknown: str = "uncommitted") -> str:
+    """The commit a run measured (``git rev-parse --short HEAD`` of ``tree``), ``+dirty`` when the
+    working tree differs from it; ``unknown`` where git cannot say."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
                              text=True, timeout=10)
-        return out.stdout.strip() if out.returncode == 0 else "uncommitted"
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=tree, capture_output=True,
+                               text=True, timeout=10)
+        if out.returncode != 0:
+            return unknown
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except Exception:
-        return "uncommitted"
+        return unknown
 
 
 def device_name() -> str:

@@ -23,7 +23,6 @@ import datetime
 import json
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,8 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from _fp8_epilogue_common import commit  # noqa: E402
 
 from radiance.kernels import w4a16_gemm as wk  # noqa: E402
 from radiance.kernels import w4_layout as layout  # noqa: E402
@@ -53,19 +54,6 @@ SHAPES = {  # name: (N, K)
 }
 MS = (1, 8, 16, 32, 64)
 GROUP = 128
-
-
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
-                               text=True, timeout=10)
-        if out.returncode != 0:
-            return "uncommitted"
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except Exception:
-        return "uncommitted"
 
 
 COLD_BYTES = 256 << 20

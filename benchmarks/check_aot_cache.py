@@ -33,19 +33,6 @@ REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "radiance" / "kernels" / "shipped.py"
 
 
-def commit(tree: Path) -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
-                             text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=tree, capture_output=True,
-                               text=True, timeout=10)
-        if out.returncode != 0:
-            return "unknown"
-        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except Exception:
-        return "unknown"
-
-
 def entries(cache: Path) -> dict[str, str]:
     """{entry: kind} for every entry (one folder per key) in a Triton cache."""
     out = {}
@@ -265,11 +252,12 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(launch_all(Path(args.launch_phase))), flush=True)
         return 0
     import torch
+    from _fp8_epilogue_common import commit
 
     tree = Path(args.tree).resolve()
     cache = Path(tempfile.mkdtemp(prefix="triton-aot-check-"))
     report = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(0),
-              "tree": str(tree), "commit": commit(tree), "arch": args.arch,
+              "tree": str(tree), "commit": commit(tree, unknown="unknown"), "arch": args.arch,
               "triton": __import__("triton").__version__, "torch": torch.__version__}
     print(f"[check] {report}", flush=True)
     report["aot"] = aot_fill(tree, args.arch, cache, args.jobs)

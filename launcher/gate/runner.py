@@ -75,22 +75,18 @@ async def run_gate_async(cfg: GateConfig, base_url: str, *, model: str, api_key:
             checks.append(CheckResult("smoke", "skipped", "disabled in the profile"))
         blocked = checks[0].blocking
 
-        if not cfg.acceptance.enabled:
-            checks.append(CheckResult("acceptance", "skipped", "disabled in the profile"))
-        elif blocked:
-            checks.append(CheckResult("acceptance", "skipped", "smoke check did not pass"))
-        else:
+        result = _skipped("acceptance", cfg.acceptance.enabled, blocked)
+        if result is None:
             start, step = bar.hooks("acceptance prompts")
-            checks.append(await _timed("acceptance", lambda: _acceptance(
-                cfg, base_url, baseline_url, api_key, model, context, start, step)))
+            result = await _timed("acceptance", lambda: _acceptance(
+                cfg, base_url, baseline_url, api_key, model, context, start, step))
+        checks.append(result)
 
-        if not cfg.gsm8k.enabled:
-            checks.append(CheckResult("gsm8k", "skipped", "disabled in the profile"))
-        elif blocked:
-            checks.append(CheckResult("gsm8k", "skipped", "smoke check did not pass"))
-        else:
+        result = _skipped("gsm8k", cfg.gsm8k.enabled, blocked)
+        if result is None:
             start, step = bar.hooks("GSM8K")
-            checks.append(await _timed("gsm8k", lambda: _gsm8k(cfg, base_url, api_key, model, start, step)))
+            result = await _timed("gsm8k", lambda: _gsm8k(cfg, base_url, api_key, model, start, step))
+        checks.append(result)
 
     report = GateReport(
         checks=checks,
@@ -157,6 +153,15 @@ async def _gsm8k(cfg: GateConfig, base_url: str, api_key: str | None, model: str
     async with Client(base_url, api_key=api_key, timeout_s=g.timeout_s, retries=g.retries,
                       concurrency=g.concurrency) as client:
         return await gsm8k.evaluate(client, g, model=model, on_start=start, on_progress=step)
+
+
+def _skipped(name: str, enabled: bool, blocked: bool) -> CheckResult | None:
+    """The check's result when it does not run (off in the profile, or the smoke check failed)."""
+    if not enabled:
+        return CheckResult(name, "skipped", "disabled in the profile")
+    if blocked:
+        return CheckResult(name, "skipped", "smoke check did not pass")
+    return None
 
 
 async def _timed(name: str, fn: Callable[[], Awaitable[tuple[str, str, dict]]]) -> CheckResult:

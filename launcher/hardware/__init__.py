@@ -208,19 +208,10 @@ def evaluate(
     return result
 
 
-def check(
-    report: HardwareReport,
-    *,
-    tp: int = 1,
-    pp: int = 1,
-    min_memory_gib: float | None = None,
-    platform_wanted: PlatformWanted = "auto",
-    environ: Mapping[str, str] | None = None,
-) -> list[str]:
-    """The problems that stop a profile with this layout from running here; [] means go."""
-    return evaluate(
-        report, tp=tp, pp=pp, min_memory_gib=min_memory_gib, platform_wanted=platform_wanted, environ=environ
-    ).problems
+def check(report: HardwareReport, **layout) -> list[str]:
+    """The problems that stop a profile with this layout (``evaluate``'s keywords: tp, pp,
+    min_memory_gib, platform_wanted, environ) from running here; [] means go."""
+    return evaluate(report, **layout).problems
 
 
 def _device_problems(report: HardwareReport, platform: Platform) -> list[str]:

@@ -69,18 +69,7 @@ def install_on(model, sizes=None) -> str:
     core = find_core(model)
     if core is None:
         return "not a Qwen3-Next model"  # the drafter, other architectures: nothing to do
-    tp, pp = sizes if sizes is not None else _parallel_sizes()
-    plan = plan_stream(core, tp, pp)
-    if plan.declined:
-        line = f"fp8-stream declined, stock contract: {plan.declined}"
-        logger.warning("radiance: %s", line)
-        _record("declined", plan.declined)
-        return line
-    done = contract.install(core, plan, gdn_norm_quant=gdn.enabled(), fused=fused_allreduce_wanted(tp))
-    line = f"fp8-stream installed: {done.summary()}"
-    logger.info("radiance: %s", line)
-    _record("applied", done.summary())
-    return line
+    return _plan_and_install(core, sizes, declined="declined", installed="installed")
 
 
 def replan_for_taps(core, sizes=None) -> str | None:
@@ -89,15 +78,22 @@ def replan_for_taps(core, sizes=None) -> str | None:
     if done is None or done.plan.taps == taps_of(core):
         return None
     contract.uninstall(core)
+    return _plan_and_install(core, sizes, declined="taken off",
+                             installed="installed again around the auxiliary hidden-state taps")
+
+
+def _plan_and_install(core, sizes, *, declined: str, installed: str) -> str:
+    """Plan for this rank's layout and install, or keep the stock contract where the plan declines;
+    the outcome is logged and recorded (``declined``/``installed``: how the line says it)."""
     tp, pp = sizes if sizes is not None else _parallel_sizes()
     plan = plan_stream(core, tp, pp)
     if plan.declined:
-        line = f"fp8-stream taken off, stock contract: {plan.declined}"
+        line = f"fp8-stream {declined}, stock contract: {plan.declined}"
         logger.warning("radiance: %s", line)
         _record("declined", plan.declined)
         return line
     done = contract.install(core, plan, gdn_norm_quant=gdn.enabled(), fused=fused_allreduce_wanted(tp))
-    line = f"fp8-stream installed again around the auxiliary hidden-state taps: {done.summary()}"
+    line = f"fp8-stream {installed}: {done.summary()}"
     logger.info("radiance: %s", line)
     _record("applied", done.summary())
     return line
