@@ -62,6 +62,7 @@ import functools
 import torch
 
 from . import aot, shipped
+from . import fp8_common as fc
 from .dispatch import (
     DeviceInfo,
     describe,
@@ -70,21 +71,8 @@ from .dispatch import (
     plan_cache,
     register_library_op,
 )
-from .fp8_common import (
-    FP8_DTYPES,
-    check_group,
-    codes_as_bytes,
-    div_rn,
-    exact_sumsq,
-    launch_params,
-    native_constexprs,
-    quant_constexprs,
-    quantize_reference,
-    resolve_fp8_dtype,
-    scale_shape,
-    sqrt_rn,
-    sum_log2,
-)
+# Named here for code written before fp8_common (new code imports it from there).
+from .fp8_common import quantize_reference  # noqa: F401
 
 try:  # Triton is optional: the reference runs everywhere.
     import triton
@@ -104,10 +92,10 @@ def add_rms_quant_reference(y: torch.Tensor, residual: torch.Tensor, weight: tor
                             eps: float, group_size: int = 0,
                             fp8_dtype: torch.dtype | None = None
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    fp8_dtype = resolve_fp8_dtype(fp8_dtype, y.device)
-    check_group(group_size, y.shape[1])
+    fp8_dtype = fc.resolve_fp8_dtype(fp8_dtype, y.device)
+    fc.check_group(group_size, y.shape[1])
     normed, new_residual = add_rms_norm_reference(y, residual, weight, eps)
-    q, scale = quantize_reference(normed, group_size, fp8_dtype)
+    q, scale = fc.quantize_reference(normed, group_size, fp8_dtype)
     return q, scale, new_residual
 
 
@@ -117,8 +105,8 @@ def add_rms_norm_reference(y: torch.Tensor, residual: torch.Tensor, weight: torc
     k = y.shape[-1]
     s = y.to(torch.float32) + residual.to(torch.float32)
     new_residual = s.to(y.dtype)
-    var = div_rn(exact_sumsq(s * s, sum_log2(k)), k)
-    rstd = div_rn(torch.ones_like(var), sqrt_rn(var + eps))
+    var = fc.div_rn(fc.exact_sumsq(s * s, fc.sum_log2(k)), k)
+    rstd = fc.div_rn(torch.ones_like(var), fc.sqrt_rn(var + eps))
     w1 = weight.to(torch.float32) + 1.0
     normed = ((s * rstd.unsqueeze(-1)) * w1).to(y.dtype)
     return normed, new_residual
@@ -279,7 +267,7 @@ def kernel_warps(k: int) -> int:
     """num_warps of _add_rms_quant_kernel: launch_params' choice, except 8 (not 4) for rows of
     1025..2048 lanes -- on the H200 at M=8, K=2048: 2.11 us against 2.53 (graph mode, same
     run, docs/benchmarks.md); at K=5120 4, 8 and 16 warps measured the same."""
-    a, b, _, num_warps = launch_params(k)
+    a, b, _, num_warps = fc.launch_params(k)
     return 8 if 1024 < a + b <= 2048 else num_warps
 
 
@@ -297,16 +285,16 @@ class _Plan:
     __slots__ = ("consts", "k", "num_warps", "q_as_bytes", "scale_cols")
 
     def __init__(self, k: int, group_size: int, fp8_dtype: torch.dtype, dev: DeviceInfo):
-        check_group(group_size, k)
-        if fp8_dtype not in FP8_DTYPES:
-            raise ValueError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
-        block_a, block_b, log2, _ = launch_params(k)
+        fc.check_group(group_size, k)
+        if fp8_dtype not in fc.FP8_DTYPES:
+            raise ValueError(f"fp8_dtype must be one of {fc.FP8_DTYPES}, got {fp8_dtype}")
+        block_a, block_b, log2, _ = fc.launch_params(k)
         self.k = k
         self.scale_cols = k // group_size if group_size else 1
-        self.consts = {**quant_constexprs(group_size, fp8_dtype), "BLOCK_A": block_a,
-                       "BLOCK_B": block_b, "LOG2": log2, **native_constexprs(dev, fp8_dtype)}
+        self.consts = {**fc.quant_constexprs(group_size, fp8_dtype), "BLOCK_A": block_a,
+                       "BLOCK_B": block_b, "LOG2": log2, **fc.native_constexprs(dev, fp8_dtype)}
         self.num_warps = WARPS_OVERRIDE.get(block_a + block_b, kernel_warps(k))
-        self.q_as_bytes = codes_as_bytes(fp8_dtype, dev)
+        self.q_as_bytes = fc.codes_as_bytes(fp8_dtype, dev)
 
     def launch(self, m, y, residual, weight, q, scale, new_residual, eps):
         if self.q_as_bytes:
@@ -371,10 +359,10 @@ def _add_rms_quant_cpu(y: torch.Tensor, residual: torch.Tensor, weight: torch.Te
 
 
 def _add_rms_quant_fake(y, residual, weight, eps, group_size, fp8_dtype):
-    check_group(group_size, y.shape[1])
+    fc.check_group(group_size, y.shape[1])
     m, k = y.shape
     return (y.new_empty((m, k), dtype=fp8_dtype),
-            y.new_empty(scale_shape(m, k, group_size), dtype=torch.float32),
+            y.new_empty(fc.scale_shape(m, k, group_size), dtype=torch.float32),
             y.new_empty((m, k)))
 
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from . import fp8_common as fc
 from .add_rms_quant import add_rms_quant_reference
-from .fp8_common import check_group, launch_params, quant_constexprs, resolve_fp8_dtype, scale_shape
 
 try:  # Triton is optional: the reference runs everywhere.
     import triton
@@ -94,24 +94,24 @@ def allreduce_add_rms_quant_triton(p0: torch.Tensor, p1: torch.Tensor, residual:
     or, for tests, two local tensors): (q, scale, new_residual)."""
     if triton is None:
         raise RuntimeError("the fused all-reduce epilogue needs triton")
-    fp8_dtype = resolve_fp8_dtype(fp8_dtype, residual.device)
+    fp8_dtype = fc.resolve_fp8_dtype(fp8_dtype, residual.device)
     m, k = residual.shape
-    check_group(group_size, k)
+    fc.check_group(group_size, k)
     if p0.shape != (m, k) or p1.shape != (m, k) or p0.stride(-1) != 1 or p1.stride(-1) != 1:
         raise ValueError("partials must be contiguous [M, K] like the residual")
     residual = residual.contiguous()
     weight = weight.contiguous()
     dev = residual.device
     q = torch.empty((m, k), dtype=fp8_dtype, device=dev)
-    scale = torch.empty(scale_shape(m, k, group_size), dtype=torch.float32, device=dev)
+    scale = torch.empty(fc.scale_shape(m, k, group_size), dtype=torch.float32, device=dev)
     new_residual = torch.empty((m, k), dtype=p0.dtype, device=dev)
     if m == 0:
         return q, scale, new_residual
-    block_a, block_b, log2, num_warps = launch_params(k)
+    block_a, block_b, log2, num_warps = fc.launch_params(k)
     _allreduce_add_rms_quant_kernel[(m,)](
         p0, p1, residual, weight, q.view(torch.uint8), scale, new_residual, k, float(eps),
         BLOCK_A=block_a, BLOCK_B=block_b, LOG2=log2, num_warps=num_warps, enable_fp_fusion=False,
-        **quant_constexprs(group_size, fp8_dtype))
+        **fc.quant_constexprs(group_size, fp8_dtype))
     return q, scale, new_residual
 
 

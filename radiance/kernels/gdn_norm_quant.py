@@ -41,21 +41,7 @@ import functools
 import torch
 
 from . import aot, shipped
-from .fp8_common import (  # noqa: F401  (SUPPORTED_GROUPS: re-exported, as before)
-    FP8_DTYPES,
-    SUPPORTED_GROUPS,
-    check_group,
-    codes_as_bytes,
-    div_rn,
-    exact_sumsq,
-    native_constexprs,
-    quant_constexprs,
-    quantize_reference,
-    resolve_fp8_dtype,
-    scale_shape,
-    sqrt_rn,
-    triton_next_pow2,
-)
+from . import fp8_common as fc
 from .dispatch import DeviceInfo, describe, eager_gpu_call, fp8_dtype_for_device, plan_cache, register_library_op
 from .silu_mul_quant import exp_reference
 
@@ -88,7 +74,7 @@ def check_shapes(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_s
         raise ValueError(f"weight must be [D] with D in {HEAD_DIMS}, got {tuple(weight.shape)}")
     if x.shape[1] % d:
         raise ValueError(f"row width {x.shape[1]} is not a multiple of the head size {d}")
-    check_group(group_size, x.shape[1])
+    fc.check_group(group_size, x.shape[1])
     return x.shape[1] // d
 
 
@@ -99,7 +85,7 @@ def check_shapes(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_s
 def silu_reference(z: torch.Tensor) -> torch.Tensor:
     """fp32 silu with the kernel's rounding points: z / (1 + exp(-z)), correctly rounded."""
     z = z.to(torch.float32)
-    return div_rn(z, 1.0 + exp_reference(-z))
+    return fc.div_rn(z, 1.0 + exp_reference(-z))
 
 
 def gdn_norm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
@@ -108,8 +94,8 @@ def gdn_norm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, e
     t, k = x.shape
     d = weight.numel()
     xf = x.to(torch.float32).view(t, k // d, d)
-    var = div_rn(exact_sumsq(xf * xf, head_log2(d)), d)
-    rstd = div_rn(torch.ones_like(var), sqrt_rn(var + eps))
+    var = fc.div_rn(fc.exact_sumsq(xf * xf, head_log2(d)), d)
+    rstd = fc.div_rn(torch.ones_like(var), fc.sqrt_rn(var + eps))
     out = (xf * rstd.unsqueeze(-1)) * weight.to(torch.float32)
     out = out * silu_reference(z.reshape(t, k // d, d))
     return out.to(x.dtype).view(t, k)
@@ -118,9 +104,9 @@ def gdn_norm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, e
 def gdn_norm_quant_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
                              group_size: int = 0, fp8_dtype: torch.dtype | None = None
                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    fp8_dtype = resolve_fp8_dtype(fp8_dtype, x.device)
+    fp8_dtype = fc.resolve_fp8_dtype(fp8_dtype, x.device)
     check_shapes(x, z, weight, group_size)
-    return quantize_reference(gdn_norm_reference(x, z, weight, eps), group_size, fp8_dtype)
+    return fc.quantize_reference(gdn_norm_reference(x, z, weight, eps), group_size, fp8_dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -163,7 +149,7 @@ if triton is not None:
 
 def launch_params(h: int, d: int) -> tuple[int, int, int]:
     """(HB, LOG2, num_warps) for a row of h heads of d."""
-    hb = triton_next_pow2(h)
+    hb = fc.triton_next_pow2(h)
     lanes = hb * d
     num_warps = 4 if lanes <= 2048 else 8 if lanes <= 8192 else 16
     return hb, head_log2(d), num_warps
@@ -175,13 +161,13 @@ class _Plan:
     __slots__ = ("consts", "num_warps", "q_as_bytes", "scale_cols")
 
     def __init__(self, h: int, d: int, group_size: int, fp8_dtype: torch.dtype, dev: DeviceInfo):
-        if fp8_dtype not in FP8_DTYPES:
-            raise ValueError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
+        if fp8_dtype not in fc.FP8_DTYPES:
+            raise ValueError(f"fp8_dtype must be one of {fc.FP8_DTYPES}, got {fp8_dtype}")
         hb, log2, self.num_warps = launch_params(h, d)
         self.scale_cols = h * d // group_size if group_size else 1
-        self.consts = {"D": d, "HB": hb, "LOG2": log2, **quant_constexprs(group_size, fp8_dtype),
-                       **native_constexprs(dev, fp8_dtype)}
-        self.q_as_bytes = codes_as_bytes(fp8_dtype, dev)
+        self.consts = {"D": d, "HB": hb, "LOG2": log2, **fc.quant_constexprs(group_size, fp8_dtype),
+                       **fc.native_constexprs(dev, fp8_dtype)}
+        self.q_as_bytes = fc.codes_as_bytes(fp8_dtype, dev)
 
 
 _PLANS: dict[tuple, _Plan] = plan_cache()
@@ -234,10 +220,10 @@ def _gdn_norm_quant_cpu(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, 
 
 
 def _gdn_norm_quant_fake(x, z, weight, eps, group_size, fp8_dtype):
-    check_group(group_size, x.shape[1])
+    fc.check_group(group_size, x.shape[1])
     t, k = x.shape
     return (x.new_empty((t, k), dtype=fp8_dtype),
-            x.new_empty(scale_shape(t, k, group_size), dtype=torch.float32))
+            x.new_empty(fc.scale_shape(t, k, group_size), dtype=torch.float32))
 
 
 _OP = register_library_op("gdn_norm_quant", _gdn_norm_quant_cpu, _gdn_norm_quant_gpu, _gdn_norm_quant_fake)

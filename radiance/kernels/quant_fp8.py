@@ -16,17 +16,7 @@ import torch
 import functools
 
 from . import aot, shipped
-from .fp8_common import (
-    FP8_DTYPES,
-    check_group,
-    codes_as_bytes,
-    launch_params,
-    native_constexprs,
-    quant_constexprs,
-    quantize_reference,
-    resolve_fp8_dtype,
-    scale_shape,
-)
+from . import fp8_common as fc
 from .dispatch import DeviceInfo, describe, eager_gpu_call, plan_cache, register_library_op
 
 try:
@@ -82,7 +72,7 @@ GROUP_BLOCK = 1024  # columns per program of the group kernel (8 groups of 128)
 def _check(x: torch.Tensor, group_size: int) -> None:
     if x.dim() != 2:
         raise ValueError(f"quant_fp8 takes [M, K], got {tuple(x.shape)}")
-    check_group(group_size, x.shape[1])
+    fc.check_group(group_size, x.shape[1])
 
 
 _PLANS: dict[tuple, tuple[dict, int, bool]] = plan_cache()
@@ -99,27 +89,27 @@ def _plan(k: int, group_size: int, fp8_dtype: torch.dtype, device: torch.device)
 def launch_plan(k: int, group_size: int, fp8_dtype: torch.dtype, dev: DeviceInfo
                 ) -> tuple[dict, int, bool]:
     """(constexprs, num_warps, codes as uint8) of the launch for rows of k on ``dev``."""
-    if fp8_dtype not in FP8_DTYPES:
-        raise ValueError(f"fp8_dtype must be one of {FP8_DTYPES}, got {fp8_dtype}")
-    consts = {**quant_constexprs(group_size, fp8_dtype), "HW_FP8": native_constexprs(dev, fp8_dtype)["HW_FP8"]}
+    if fp8_dtype not in fc.FP8_DTYPES:
+        raise ValueError(f"fp8_dtype must be one of {fc.FP8_DTYPES}, got {fp8_dtype}")
+    consts = {**fc.quant_constexprs(group_size, fp8_dtype), "HW_FP8": fc.native_constexprs(dev, fp8_dtype)["HW_FP8"]}
     if group_size:
         consts["BLOCK"], num_warps = GROUP_BLOCK, 4
     else:
-        block_a, block_b, _, num_warps = launch_params(k)
+        block_a, block_b, _, num_warps = fc.launch_params(k)
         consts.update(BLOCK_A=block_a, BLOCK_B=block_b)
-    return consts, num_warps, codes_as_bytes(fp8_dtype, dev)
+    return consts, num_warps, fc.codes_as_bytes(fp8_dtype, dev)
 
 
 def quant_fp8_triton(x: torch.Tensor, group_size: int = 0, fp8_dtype: torch.dtype | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    fp8_dtype = resolve_fp8_dtype(fp8_dtype, x.device)
+    fp8_dtype = fc.resolve_fp8_dtype(fp8_dtype, x.device)
     _check(x, group_size)
     if x.stride(-1) != 1:
         x = x.contiguous()
     m, k = x.shape
     consts, num_warps, as_bytes = _plan(k, group_size, fp8_dtype, x.device)
     q = torch.empty((m, k), dtype=fp8_dtype, device=x.device)
-    scale = torch.empty(scale_shape(m, k, group_size), dtype=torch.float32, device=x.device)
+    scale = torch.empty(fc.scale_shape(m, k, group_size), dtype=torch.float32, device=x.device)
     if m:
         kernel, grid = ((_quant_fp8_group_kernel, (m, triton.cdiv(k, GROUP_BLOCK))) if group_size
                         else (_quant_fp8_kernel, (m,)))
@@ -140,14 +130,14 @@ def _quant_fp8_gpu(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype
 def _quant_fp8_cpu(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     _check(x, group_size)
-    return quantize_reference(x, group_size, fp8_dtype)
+    return fc.quantize_reference(x, group_size, fp8_dtype)
 
 
 def _quant_fp8_fake(x, group_size, fp8_dtype):
     _check(x, group_size)
     m, k = x.shape
     return (x.new_empty((m, k), dtype=fp8_dtype),
-            x.new_empty(scale_shape(m, k, group_size), dtype=torch.float32))
+            x.new_empty(fc.scale_shape(m, k, group_size), dtype=torch.float32))
 
 
 _OP = register_library_op("quant_fp8", _quant_fp8_cpu, _quant_fp8_gpu, _quant_fp8_fake)
@@ -156,7 +146,7 @@ _OP = register_library_op("quant_fp8", _quant_fp8_cpu, _quant_fp8_gpu, _quant_fp
 def quant_fp8(x: torch.Tensor, group_size: int = 0, fp8_dtype: torch.dtype | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q [M, K] fp8, scale [M, 1] or [M, K/128] fp32) of ``x`` [M, K], as quantize_reference."""
-    fp8_dtype = resolve_fp8_dtype(fp8_dtype, x.device)
+    fp8_dtype = fc.resolve_fp8_dtype(fp8_dtype, x.device)
     if eager_gpu_call(x):
         return quant_fp8_triton(x, int(group_size), fp8_dtype)
     return _OP(x, int(group_size), fp8_dtype)

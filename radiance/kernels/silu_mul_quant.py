@@ -21,17 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .fp8_common import (  # noqa: F401  (FP8_DTYPES, SUPPORTED_GROUPS: re-exported, as before)
-    FP8_DTYPES,
-    SUPPORTED_GROUPS,
-    check_group,
-    div_rn,
-    launch_params,
-    quant_constexprs,
-    quantize_reference,
-    resolve_fp8_dtype,
-    scale_shape,
-)
+from . import fp8_common as fc
 from .dispatch import use_triton
 
 try:
@@ -85,22 +75,22 @@ def silu_mul_reference_values(gate_up: torch.Tensor) -> torch.Tensor:
     n = gate_up.shape[-1] // 2
     g = gate_up[:, :n].to(torch.float32)
     u = gate_up[:, n:].to(torch.float32)
-    silu = _round_bf16(div_rn(g, 1.0 + exp_reference(-g)), gate_up.dtype)
+    silu = _round_bf16(fc.div_rn(g, 1.0 + exp_reference(-g)), gate_up.dtype)
     return (silu * u).to(gate_up.dtype)
 
 
 def silu_mul_quant_reference(gate_up: torch.Tensor, group_size: int = 0,
                              fp8_dtype: torch.dtype | None = None
                              ) -> tuple[torch.Tensor, torch.Tensor]:
-    fp8_dtype = resolve_fp8_dtype(fp8_dtype, gate_up.device)
+    fp8_dtype = fc.resolve_fp8_dtype(fp8_dtype, gate_up.device)
     _check(gate_up, group_size)
-    return quantize_reference(silu_mul_reference_values(gate_up), group_size, fp8_dtype)
+    return fc.quantize_reference(silu_mul_reference_values(gate_up), group_size, fp8_dtype)
 
 
 def _check(gate_up: torch.Tensor, group_size: int) -> None:
     if gate_up.dim() != 2 or gate_up.shape[1] % 2:
         raise ValueError(f"gate_up must be [M, 2N], got {tuple(gate_up.shape)}")
-    check_group(group_size, gate_up.shape[1] // 2)
+    fc.check_group(group_size, gate_up.shape[1] // 2)
 
 
 # ---------------------------------------------------------------------------------------
@@ -160,18 +150,18 @@ if triton is not None:
 def silu_mul_quant_triton(gate_up: torch.Tensor, group_size: int = 0,
                           fp8_dtype: torch.dtype | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    fp8_dtype = resolve_fp8_dtype(fp8_dtype, gate_up.device)
+    fp8_dtype = fc.resolve_fp8_dtype(fp8_dtype, gate_up.device)
     _check(gate_up, group_size)
     gate_up = gate_up.contiguous()
     m, n = gate_up.shape[0], gate_up.shape[1] // 2
     q = torch.empty((m, n), dtype=fp8_dtype, device=gate_up.device)
-    scale = torch.empty(scale_shape(m, n, group_size), dtype=torch.float32, device=gate_up.device)
+    scale = torch.empty(fc.scale_shape(m, n, group_size), dtype=torch.float32, device=gate_up.device)
     if m == 0:
         return q, scale
-    block_a, block_b, _, num_warps = launch_params(n)
+    block_a, block_b, _, num_warps = fc.launch_params(n)
     _silu_mul_quant_kernel[(m,)](gate_up, q.view(torch.uint8), scale, n, BLOCK_A=block_a,
                                  BLOCK_B=block_b, num_warps=num_warps, enable_fp_fusion=False,
-                                 **quant_constexprs(group_size, fp8_dtype))
+                                 **fc.quant_constexprs(group_size, fp8_dtype))
     return q, scale
 
 
@@ -192,14 +182,14 @@ def _(gate_up, group_size, fp8_dtype):
     _check(gate_up, group_size)
     m, n = gate_up.shape[0], gate_up.shape[1] // 2
     return (gate_up.new_empty((m, n), dtype=fp8_dtype),
-            gate_up.new_empty(scale_shape(m, n, group_size), dtype=torch.float32))
+            gate_up.new_empty(fc.scale_shape(m, n, group_size), dtype=torch.float32))
 
 
 def silu_mul_quant(gate_up: torch.Tensor, group_size: int = 0,
                    fp8_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(q [M, N] fp8, scale [M, 1] or [M, N/128] fp32) of silu(gate) * up."""
     return torch.ops.radiance.silu_mul_quant(
-        gate_up, int(group_size), resolve_fp8_dtype(fp8_dtype, gate_up.device))
+        gate_up, int(group_size), fc.resolve_fp8_dtype(fp8_dtype, gate_up.device))
 
 
 class SiluMulQuant(torch.nn.Module):
