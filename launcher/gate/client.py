@@ -13,10 +13,6 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-# openai 3 speaks through httpx2 (httpx's API): its client and transport are what the client accepts.
-import httpx2
-import openai
-
 
 class EndpointUnreachable(Exception):
     """The endpoint did not answer at all (or refused our credentials): no verdict about the model.
@@ -65,6 +61,13 @@ def _is_loopback(url: str) -> bool:
 class Client:
     def __init__(self, base_url: str, *, api_key: str | None, timeout_s: float, retries: int,
                  concurrency: int):
+        # Imported here: the client costs ~0.6 s to import and a profile (which names the gate's
+        # config) is read by commands that never speak to an endpoint. openai 3 speaks through
+        # httpx2 (httpx's API): its client and transport are what AsyncOpenAI accepts.
+        import httpx2
+        import openai
+
+        self._sdk = openai  # its error classes, for _call
         self.root = endpoint_root(base_url)
         self._sem = asyncio.Semaphore(concurrency)
         uds = self.root[len("unix:"):] if self.root.startswith("unix:") else None
@@ -93,6 +96,7 @@ class Client:
 
     async def _call(self, what: str, make: Any) -> Any:
         """Await ``make()`` under the concurrency bound; the client's errors become RequestFailed."""
+        openai = self._sdk
         try:
             async with self._sem:
                 return await make()
@@ -142,7 +146,7 @@ def _completion_tokens(body: Any) -> int:
     return int(getattr(usage, "completion_tokens", None) or 0)
 
 
-def _error_text(exc: openai.APIStatusError) -> str:
+def _error_text(exc) -> str:
     """The server's own message (OpenAI-style ``{"error": {"message": ...}}``), not the client's wrapper."""
     body = exc.body
     if isinstance(body, dict):
