@@ -121,3 +121,29 @@ def graph_us(fn, calls: int = 20, reps: int = 20, trials: int = 5) -> float:
     except RuntimeError as exc:  # reported, not fatal: eager numbers still stand
         print(f"  graph capture failed: {type(exc).__name__}: {exc}", flush=True)
         return float("nan")
+
+
+def time_providers(providers: dict, quick: bool, **shape) -> list[dict]:
+    """One row per provider: the shape, eager and CUDA-graph µs (fewer trials with ``quick``)."""
+    return [{"provider": name, **shape, "us_eager": eager_us(fn, iters=50 if quick else 200),
+             "us_graph": graph_us(fn, reps=5 if quick else 20)} for name, fn in providers.items()]
+
+
+def report(bench: str, rows: list[dict], shape: tuple[str, ...], json_path, world: int, **extra) -> None:
+    """Rank 0's closing words: the table of ``rows`` and, with ``json_path``, the run's JSON (device,
+    date, commit, versions, ``extra``, the rows)."""
+    import json
+    import time
+
+    import triton
+    from _fp8_epilogue_common import commit, print_table
+
+    print()
+    print_table(rows, ["provider", *shape, "us_eager", "us_graph"])
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"bench": bench, "device": f"{world}x {torch.cuda.get_device_name()}",
+                       "date": time.strftime("%Y-%m-%d"), "commit": commit(),
+                       "torch": torch.__version__, "triton": triton.__version__,
+                       "nccl": ".".join(map(str, torch.cuda.nccl.version())), **extra, "rows": rows},
+                      f, indent=1)

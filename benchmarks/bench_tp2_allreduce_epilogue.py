@@ -17,17 +17,15 @@ grow over the iterations; only the check uses them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _tp2_common import device, eager_us, graph_us, launch
+from _tp2_common import device, launch, report, time_providers
 
 MS = (1, 8, 16, 32, 64)
 KS = (2048, 5120)
@@ -69,9 +67,6 @@ def check(rank: int, world: int, m: int, k: int, fused=None) -> dict:
 
 
 def _worker(rank: int, world: int, json_path, want_fused: bool, quick: bool):
-    import triton
-    from _fp8_epilogue_common import commit
-
     from radiance.kernels.add_rms_quant import add_rms_quant
 
     dev = device()
@@ -110,24 +105,10 @@ def _worker(rank: int, world: int, json_path, want_fused: bool, quick: bool):
                     buf[:m].copy_(partials[rank])
                 provs["fused"] = lambda ep=ep, m=m, r=residual, w=weight: ep.epilogue(
                     m, r, w, EPS, 0, FP8)
-            for name, fn in provs.items():
-                ev = eager_us(fn, iters=50 if quick else 200)
-                gr = graph_us(fn, reps=5 if quick else 20)
-                rows.append({"provider": name, "M": m, "K": k, "us_eager": ev, "us_graph": gr})
+            rows += time_providers(provs, quick, M=m, K=k)
     if rank == 0:
-        print(f"\n{'provider':10s} {'M':>3s} {'K':>5s} {'us(eager)':>10s} {'us(graph)':>10s}")
-        for r in rows:
-            print(f"{r['provider']:10s} {r['M']:3d} {r['K']:5d} {r['us_eager']:10.2f} "
-                  f"{r['us_graph']:10.2f}")
-        if json_path:
-            with open(json_path, "w") as f:
-                json.dump({"bench": "tp2_allreduce_epilogue",
-                           "device": f"{world}x {torch.cuda.get_device_name()}",
-                           "date": time.strftime("%Y-%m-%d"), "commit": commit(),
-                           "torch": torch.__version__, "triton": triton.__version__,
-                           "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                           "fused_error": fused_error, "checks": checks, "rows": rows},
-                          f, indent=1)
+        report("tp2_allreduce_epilogue", rows, ("M", "K"), json_path, world, fused_error=fused_error,
+               checks=checks)
     bad = [c for c in checks if not all(v for kk, v in c.items() if kk.endswith("exact"))]
     if bad:
         raise SystemExit(f"rank {rank}: mismatches {bad}")

@@ -19,17 +19,15 @@ from a CUDA graph: no host cost), median over trials, the slower rank.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _tp2_common import device, eager_us, graph_us, launch
+from _tp2_common import device, launch, report, time_providers
 
 VOCABS = (151936, 248320)
 # Both vocabularies are multiples of 64 * 2, so vLLM's own padding is empty at TP=2; shards are
@@ -105,9 +103,6 @@ def check(rank: int, world: int, vocab: int, b: int = 8) -> dict:
 
 
 def _worker(rank: int, world: int, json_path, b: int, quick: bool):
-    import triton
-    from _fp8_epilogue_common import commit
-
     rows, checks = [], []
     for vocab in VOCABS:
         c = check(rank, world, vocab, b)
@@ -119,22 +114,9 @@ def _worker(rank: int, world: int, json_path, b: int, quick: bool):
                   flush=True)
         dev = device()
         _, shard, start, n_valid = make_case(vocab, b, rank, world, dev)
-        for name, fn in providers(shard, start, n_valid, vocab, world).items():
-            ev = eager_us(fn, iters=50 if quick else 200)
-            gr = graph_us(fn, reps=5 if quick else 20)
-            rows.append({"provider": name, "vocab": vocab, "B": b, "us_eager": ev, "us_graph": gr})
+        rows += time_providers(providers(shard, start, n_valid, vocab, world), quick, vocab=vocab, B=b)
     if rank == 0:
-        print(f"\n{'provider':13s} {'V':>7s} {'B':>3s} {'us(eager)':>10s} {'us(graph)':>10s}")
-        for r in rows:
-            print(f"{r['provider']:13s} {r['vocab']:7d} {r['B']:3d} {r['us_eager']:10.2f} "
-                  f"{r['us_graph']:10.2f}")
-        if json_path:
-            with open(json_path, "w") as f:
-                json.dump({"bench": "tp2_local_vocab", "device": f"{world}x {torch.cuda.get_device_name()}",
-                           "date": time.strftime("%Y-%m-%d"), "commit": commit(),
-                           "torch": torch.__version__, "triton": triton.__version__,
-                           "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-                           "pad_to": PAD_TO, "checks": checks, "rows": rows}, f, indent=1)
+        report("tp2_local_vocab", rows, ("vocab", "B"), json_path, world, pad_to=PAD_TO, checks=checks)
     ok = all(c["tokens_equal"] for c in checks)
     if not ok:
         raise SystemExit(f"rank {rank}: token ids differ")
