@@ -181,6 +181,52 @@ def quantise_memory(device, log) -> dict:
     return out
 
 
+def _host_peak(job: tuple) -> dict:
+    """In a fresh process: peak RSS above the loaded shard while radiance_w4 converts it on the CPU."""
+    import resource
+
+    import torch as _t
+
+    from radiance.fp8_stream import w4_linear as w4l
+    from radiance.w4.convert import dequant_block_fp8
+
+    kind, n, k = job
+    _t.manual_seed(0)
+    # the shard is filled 512 rows at a time, so making it leaves no fp32 copy in the baseline peak
+    w = _t.empty(n, k, dtype=_t.bfloat16 if kind == "bf16" else _t.float8_e4m3fn)
+    for r0 in range(0, n, 512):
+        w[r0:r0 + 512] = (_t.randn(min(512, n - r0), k) * (0.02 if kind == "bf16" else 100)).to(w.dtype)
+    if kind == "bf16":
+        rows_of = lambda r0, r1: w[r0:r1]  # noqa: E731
+    else:  # the block-fp8 checkpoint's shard and its 128x128 inverse scales
+        s_inv = _t.rand(-(-n // 128), k // 128) * 1e-4
+        rows_of = lambda r0, r1: dequant_block_fp8(w[r0:r1], s_inv[r0 // 128: -(-r1 // 128)], (128, 128))  # noqa: E731
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t0 = time.time()
+    qw, sc = w4l.quantise_chunked(n, k, rows_of, w.device, _t.bfloat16)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    packed = qw.numel() * 4 + sc.numel() * 2
+    return {"checkpoint": kind, "n": n, "k": k, "shard_mib": round(w.numel() * w.element_size() / 2**20, 1),
+            "packed_mib": round(packed / 2**20, 1), "chunk_rows": w4l.CHUNK_ROWS,
+            "peak_above_shard_mib": round((peak - before) / 2**20, 1), "seconds": round(time.time() - t0, 1)}
+
+
+def host_memory(log) -> list[dict]:
+    """Peak host memory of load-time quantisation on the CPU, one fresh process per case (ru_maxrss)."""
+    import multiprocessing as mp
+
+    rows = []
+    ctx = mp.get_context("spawn")
+    for kind in ("bf16", "fp8"):
+        for name in ("mlp.gate_up", "mlp.down"):
+            n, k = SHAPES[name]
+            with ctx.Pool(1) as pool:
+                row = {"shape": name, **pool.apply(_host_peak, ((kind, n, k),))}
+            log(f"[host memory] {row}")
+            rows.append(row)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tune", action="store_true")
@@ -188,7 +234,15 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--ms", default=",".join(map(str, MS)))
     p.add_argument("--json", default=str(REPO / "reports" / "bench_w4a8_gemm.json"))
+    p.add_argument("--host-memory", action="store_true",
+                   help="CPU only: peak host memory while radiance_w4 quantises 27B-sized shards at load")
     args = p.parse_args(argv)
+    if args.host_memory:
+        out = {"date": datetime.date.today().isoformat(), "commit": commit(), "torch": torch.__version__,
+               "rows": host_memory(lambda line: print(line, flush=True))}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        return 0
     if not torch.cuda.is_available():
         print("needs a GPU", file=sys.stderr)
         return 1
