@@ -8,12 +8,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from ruamel.yaml import YAML, YAMLError
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MantissaNoDotYAML1_1Warning
 
 from radiance import envs, features
 
@@ -268,8 +270,10 @@ class _Rule(ValueError):
 # one line each.
 
 def _yaml() -> YAML:
-    # Round-trip mode: mappings and sequences carry their line and column (``.lc``).
+    # Round-trip mode: mappings and sequences carry their line and column (``.lc``). YAML 1.1, as
+    # PyYAML read profiles before: yes/no/on/off stay booleans, 010 octal.
     y = YAML(typ="rt", pure=True)
+    y.version = (1, 1)
     y.allow_duplicate_keys = False
     return y
 
@@ -332,7 +336,9 @@ def _format_error(path: str, root, err: dict) -> str:
 
 def parse_profile(text: str, path: str = "<profile>") -> Profile:
     try:
-        data = _yaml().load(text)
+        with warnings.catch_warnings():  # 1e-3 without a dot: a number, as YAML 1.2 and JSON say
+            warnings.simplefilter("ignore", MantissaNoDotYAML1_1Warning)
+            data = _yaml().load(text)
     except YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else path
