@@ -71,8 +71,6 @@ from .dispatch import (
     plan_cache,
     register_library_op,
 )
-# Named here for code written before fp8_common (new code imports it from there).
-from .fp8_common import quantize_reference  # noqa: F401
 
 try:  # Triton is optional: the reference runs everywhere.
     import triton

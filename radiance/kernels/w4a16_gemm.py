@@ -79,14 +79,12 @@ TUNED_M = (1, 8, 16, 32, 64)
 if HAS_TRITON:
 
     @triton.jit
-    def _unpack_asm(w, FP16: tl.constexpr, BIASED: tl.constexpr = False):
+    def _unpack_asm(w, FP16: tl.constexpr):
         # Two K-adjacent words in, eight registers out; register i holds the two codes of
         # nibble i (k = 16 i + j, 16 i + j + 1) as a bf16x2/f16x2 pair. prmt puts byte b of
         # each word into the low byte of each half, lop3 keeps one nibble and ORs it into
         # the mantissa of 128.0 (bf16) / 1024.0 (fp16), and the fma subtracts 136 / 1032,
-        # which is exact: the result is the code q in -8..7. (BIASED: only False, for callers
-        # still passing it; the biased codes went with the folded-bias variant.)
-        tl.static_assert(not BIASED, "the biased unpack left the tree with the xsum variant")
+        # which is exact: the result is the code q in -8..7.
         if FP16:
             return tl.inline_asm_elementwise(
                 asm="""
@@ -159,11 +157,9 @@ if HAS_TRITON:
                 args=[w], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
 
     @triton.jit
-    def _unpack_one(w, i: tl.constexpr, FP16: tl.constexpr, INTERPRET: tl.constexpr,
-                    BIASED: tl.constexpr = False):
+    def _unpack_one(w, i: tl.constexpr, FP16: tl.constexpr, INTERPRET: tl.constexpr):
         # portable form of the same magic-number trick, one code per int32 lane. The
         # interpreter mishandles int->bf16 casts and bf16 dots, so there it is plain fp32.
-        tl.static_assert(not BIASED, "the biased unpack left the tree with the xsum variant")
         if INTERPRET:
             return (((w >> (4 * i)) & 0xF) - 8).to(tl.float32)
         elif FP16:

@@ -195,12 +195,12 @@ if HAS_TRITON:
                     # codes (exact in bf16) per 16-wide slab as W4A16 unpacks them, the fp8 activation
                     # upcast to bf16 (exact: e4m3 has 4 significant bits); same products, same fp32 sums
                     if USE_ASM:
-                        qs = _unpack_asm(w, False, False)
+                        qs = _unpack_asm(w, False)
                     for i in tl.static_range(8):
                         if USE_ASM:
                             q16 = qs[i]
                         else:
-                            q16 = _unpack_one(w, i, False, INTERPRET, False)
+                            q16 = _unpack_one(w, i, False, INTERPRET)
                         xs = tl.load(a_rows + kb * 128 + 16 * i + tl.arange(0, 16)[None, :], mask=m_in[:, None],
                                      other=0.0)
                         if INTERPRET:
