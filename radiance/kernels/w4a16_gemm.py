@@ -169,6 +169,33 @@ if HAS_TRITON:
             v = (((w >> (4 * i)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
             return v - 136.0
 
+    @triton.jit
+    def _store_tile(acc, out_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, m_in, n_in, stride_om, M, N,
+                    pid_n, pid_k, pid_m, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                    SPLIT_K: tl.constexpr):
+        """The fp32 [BLOCK_N, BLOCK_M] tile out (W4A16 and W4A8 end the same way). Split-K: each
+        program publishes its partial, and the tile's last to arrive (an atomic ticket) sums them
+        in split order -- the same order every time, so the result is reproducible -- and resets
+        the ticket, valid across launches and graph replays."""
+        out_offs = offs_m[None, :] * stride_om + offs_n[:, None]
+        o_mask = n_in[:, None] & m_in[None, :]
+        if SPLIT_K == 1:
+            tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=o_mask)
+        else:
+            ws_offs = offs_m[None, :] * N + offs_n[:, None]
+            tl.store(ws_ptr + pid_k * M * N + ws_offs, acc, mask=o_mask)
+            # every thread's partial is issued before the (single-thread) release below
+            tl.debug_barrier()
+            tile = pid_m * tl.num_programs(0) + pid_n
+            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if ticket == SPLIT_K - 1:
+                total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+                for sk in tl.static_range(SPLIT_K):
+                    total += tl.load(ws_ptr + sk * M * N + ws_offs, mask=o_mask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=o_mask)
+                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+
     @triton.jit(do_not_specialize=["M", "num_kblocks"])
     def _w4a16_gemm_kernel(
         x_ptr, qw_ptr, s_ptr, out_ptr, ws_ptr, cnt_ptr,
@@ -226,24 +253,8 @@ if HAS_TRITON:
                     acc += part * s[:, None]
                     part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
 
-        out_offs = offs_m[None, :] * stride_om + offs_n[:, None]
-        o_mask = n_in[:, None] & m_in[None, :]
-        if SPLIT_K == 1:
-            tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=o_mask)
-        else:
-            ws_offs = offs_m[None, :] * N + offs_n[:, None]
-            tl.store(ws_ptr + pid_k * M * N + ws_offs, acc, mask=o_mask)
-            # every thread's partial is issued before the (single-thread) release below
-            tl.debug_barrier()
-            tile = pid_m * tl.num_programs(0) + pid_n
-            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if ticket == SPLIT_K - 1:
-                total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-                for sk in tl.static_range(SPLIT_K):
-                    total += tl.load(ws_ptr + sk * M * N + ws_offs, mask=o_mask, other=0.0,
-                                     cache_modifier=".cg")
-                tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=o_mask)
-                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+        _store_tile(acc, out_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, m_in, n_in, stride_om, M, N,
+                    pid_n, pid_k, pid_m, BLOCK_N, BLOCK_M, SPLIT_K)
 
 
 # --------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ if HAS_TRITON:
     import triton.language as tl
 
     # W4A16's code unpack (the layout's magic-number trick; inline PTX on CUDA) for the 16-bit MMA variant
-    from .w4a16_gemm import _unpack_asm, _unpack_one
+    from .w4a16_gemm import _store_tile, _unpack_asm, _unpack_one
 
 KBLOCK = layout.KBLOCK
 A_GROUP = 128            # the epilogue's per-group activation scales
@@ -234,25 +234,8 @@ if HAS_TRITON:
             else:
                 sa = tl.load(sa_ptr + offs_m * stride_sam, mask=m_in, other=0.0)
                 acc = acc * sa[None, :]
-        out_offs = offs_m[None, :] * stride_om + offs_n[:, None]
-        o_mask = n_in[:, None] & m_in[None, :]
-        if SPLIT_K == 1:
-            tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=o_mask)
-        else:
-            # as w4a16_gemm: fp32 partials, the last program of a tile (atomic ticket) sums them in
-            # split order and resets the ticket (valid across launches and graph replays)
-            ws_offs = offs_m[None, :] * N + offs_n[:, None]
-            tl.store(ws_ptr + pid_k * M * N + ws_offs, acc, mask=o_mask)
-            tl.debug_barrier()
-            tile = pid_m * tl.num_programs(0) + pid_n
-            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if ticket == SPLIT_K - 1:
-                total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-                for sk in tl.static_range(SPLIT_K):
-                    total += tl.load(ws_ptr + sk * M * N + ws_offs, mask=o_mask, other=0.0,
-                                     cache_modifier=".cg")
-                tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=o_mask)
-                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+        _store_tile(acc, out_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, m_in, n_in, stride_om, M, N,
+                    pid_n, pid_k, pid_m, BLOCK_N, BLOCK_M, SPLIT_K)
 
 
 # --------------------------------------------------------------------------------------
