@@ -40,9 +40,12 @@ def _ray(*args: str, env: dict) -> None:
         raise AssertionError(f"ray {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
 
 
-def _engines() -> list[str]:
-    """The vLLM processes (API servers, engine cores, workers) that a Ray worker started on this host, as
-    'pid cmdline': they carry the Ray node's environment, which another test's engines do not."""
+def _engines(home: str) -> list[str]:
+    """The vLLM processes (API servers, engine cores, workers) this module's Ray nodes started on this host,
+    as 'pid cmdline': they carry the nodes' environment (``RADIANCE_HOME=home``). A ``RAY_`` variable alone
+    does not tell: ``import ray`` sets RAY_CLIENT_MODE in the importing process, so every engine a test
+    session starts after that (the session's shared tiny deployment) carries it too."""
+    mark = f"RADIANCE_HOME={home}".encode()
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -54,7 +57,7 @@ def _engines() -> list[str]:
             environ = Path(f"/proc/{entry}/environ").read_bytes()
         except OSError:
             continue
-        if b"\0RAY_" in environ or environ.startswith(b"RAY_"):
+        if mark in environ.split(b"\0"):
             out.append(f"{entry} {cmd[:120]}")
     return out
 
@@ -223,12 +226,14 @@ def test_killing_one_engine_mid_run_loses_no_request_that_had_not_started(dep):
 def test_down_leaves_no_ray_actor_and_no_engine(dep):
     st = _status(dep)
     assert st["ready"], st
+    home = dep["env"]["RADIANCE_HOME"]
+    assert _engines(home), "the probe finds none of the serving replica's engine processes"
     t0 = time.monotonic()
     down = radiance("down", NAME, env=dep["env"], timeout=300)
     assert down.returncode == 0, down.stdout + down.stderr
     took = time.monotonic() - t0
     deadline = time.monotonic() + 30
-    while (left := _engines()) and time.monotonic() < deadline:
+    while (left := _engines(home)) and time.monotonic() < deadline:
         time.sleep(0.5)
     alive = [a for a in _state_api(dep["address"], "actors") if a["state"] == "ALIVE"]
     print(f"\n[ray] down in {took:.1f}s; alive actors after: {alive}; engine processes: {left}")
