@@ -355,6 +355,22 @@ def quality(device) -> dict:
     return res
 
 
+def gpu_run(args, table: dict) -> tuple | None:
+    """(device, shapes picked by ``--shapes`` from ``table``, ``--ms``, the report's header) of a
+    GPU run, or None (said on stderr) where there is no GPU."""
+    if not torch.cuda.is_available():
+        print("needs a GPU", file=sys.stderr)
+        return None
+    import triton
+
+    device = torch.device("cuda", 0)
+    shapes = {s: table[s] for s in args.shapes.split(",") if s}
+    ms = tuple(int(v) for v in args.ms.split(","))
+    report = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(device),
+              "commit": commit(), "torch": torch.__version__, "triton": triton.__version__}
+    return device, shapes, ms, report
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tune", action="store_true", help="sweep configs and write the device's table")
@@ -368,16 +384,10 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     p.add_argument("--json", default=str(REPO / "reports" / "bench_w4a16_gemm.json"))
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a GPU", file=sys.stderr)
+    run = gpu_run(args, SHAPES)
+    if run is None:
         return 1
-    import triton
-
-    device = torch.device("cuda", 0)
-    shapes = {s: SHAPES[s] for s in args.shapes.split(",") if s}
-    ms = tuple(int(v) for v in args.ms.split(","))
-    report = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(device),
-              "commit": commit(), "torch": torch.__version__, "triton": triton.__version__}
+    device, shapes, ms, report = run
     print(f"[bench] {report}", flush=True)
     if args.profile_once:
         n, k = SHAPES[args.profile_once]
