@@ -75,10 +75,10 @@ import numpy as np
 import torch
 
 from .. import envs
+from ..kernels.draft_confidence import draft_top1
 from ..patching import Patch, resolve
 from .context_mirror import ContextMirror
 from .controller import DraftPolicy, StepController
-from ..kernels.draft_confidence import draft_top1
 from .local_vocab import check_vocab, combine, sample_top1, shard_stats
 from .telemetry import DraftCounters
 
