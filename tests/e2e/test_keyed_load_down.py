@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
+import subprocess
+import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -170,16 +172,24 @@ def test_down_mid_stream_drains_64_streams_and_leaves_nothing(keyed):
             assert all(s is not None for s in started), [r for r in results if r]
             assert not any(t.done() for t in tasks), "streams finished before down could be sent"
 
-            def send_down():
-                t = time.monotonic()
-                down["proc"] = radiance("down", keyed.name, env=keyed.env, timeout=300)
-                down["s"] = time.monotonic() - t
-            th = threading.Thread(target=send_down)
-            th.start()
+            # Spawned from this loop, not from a thread: a thread must win the GIL from 64 streams' parsing
+            # before it can even fork, which on a busy host took until the streams had ended.
+            t_down, down["spawned_wall"] = time.monotonic(), time.time()
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "launcher", "down", keyed.name, env=keyed.env, cwd=REPO,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             down["sent_at"] = time.monotonic() - t0
+            waiting = asyncio.create_task(child.communicate())
+
+            async def finished() -> None:
+                out, err = await waiting
+                down["s"] = time.monotonic() - t_down
+                down["proc"] = subprocess.CompletedProcess(["radiance", "down", keyed.name], child.returncode,
+                                                           out.decode(), err.decode())
+            downing = asyncio.create_task(finished())
             async with httpx.AsyncClient(headers=headers, timeout=10) as fresh:
                 # The supervisor has the signal once its gateway says draining.
-                while th.is_alive():
+                while not downing.done():
                     try:
                         r = await fresh.get(keyed.base + "/v1/health/ready")
                         if r.status_code == 503 and r.json()["phase"] == "draining":
@@ -190,7 +200,7 @@ def test_down_mid_stream_drains_64_streams_and_leaves_nothing(keyed):
                 down["draining_at"] = time.monotonic() - t0
                 down["in_flight_at_drain"] = sum(not t.done() for t in tasks)
                 # New work while it drains: refused with 503 until the gateway stops listening.
-                while th.is_alive():
+                while not downing.done():
                     try:
                         r = await fresh.post(keyed.base + "/v1/completions",
                                              json={"model": "tiny", "prompt": "x", "max_tokens": 1})
@@ -200,7 +210,7 @@ def test_down_mid_stream_drains_64_streams_and_leaves_nothing(keyed):
                     await asyncio.sleep(0.2)
             await asyncio.gather(*tasks)
             down["streams_done_s"] = time.monotonic() - t0
-            await asyncio.to_thread(th.join)
+            await asyncio.wait_for(downing, 300)
 
     asyncio.run(main())
     proc = down["proc"]
@@ -219,6 +229,10 @@ def test_down_mid_stream_drains_64_streams_and_leaves_nothing(keyed):
     log_lines = Path(st["supervisor_log"]).read_text().splitlines()
     drain_lines = [ln for ln in log_lines if "draining:" in ln or "SIGTERM received" in ln]
     print("[load] supervisor: " + " | ".join(drain_lines))
+    got = [ln for ln in drain_lines if "SIGTERM received" in ln]
+    if got:
+        at = datetime.strptime(got[0][:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        print(f"[load] the supervisor had the signal {at - down['spawned_wall']:.2f} s after down was spawned")
     counts = [int(ln.split("draining: ")[1].split()[0]) for ln in drain_lines if "draining: " in ln]
     assert counts == [STREAMS], (drain_lines, down)
     assert incomplete == [], incomplete[:3]
