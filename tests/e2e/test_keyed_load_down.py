@@ -179,10 +179,9 @@ def test_down_mid_stream_drains_64_streams_and_leaves_nothing(keyed):
                 sys.executable, "-m", "launcher", "down", keyed.name, env=keyed.env, cwd=REPO,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             down["sent_at"] = time.monotonic() - t0
-            waiting = asyncio.create_task(child.communicate())
 
             async def finished() -> None:
-                out, err = await waiting
+                out, err = await child.communicate()
                 down["s"] = time.monotonic() - t_down
                 down["proc"] = subprocess.CompletedProcess(["radiance", "down", keyed.name], child.returncode,
                                                            out.decode(), err.decode())
