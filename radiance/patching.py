@@ -72,7 +72,7 @@ _INHERITED = object()
 class Outcome:
     patch: str
     feature: str
-    status: str  # "applied" | "declined" | "disabled" | "failed-at-runtime"
+    status: str  # "applied" | "partial" | "declined" | "disabled" | "failed-at-runtime"
     reason: str = ""
 
 
@@ -154,6 +154,12 @@ class Patch:
         """The TP ranks' outcomes of this patch differ (radiance/report gathers them after the load);
         called on every rank alike. Return what was done to make them agree, or None to leave them
         as they are (reported as ``mixed``): right when a split cannot desynchronise the ranks."""
+        return None
+
+    def after_load(self, runner) -> str | None:
+        """Called on every TP rank once the worker has loaded the target and any drafter, before the
+        ranks' reports are gathered (radiance/report). Return why this applied patch will run stock for
+        what was loaded (no drafter, another architecture), to report it declined; None to keep it."""
         return None
 
     def latch_off(self, reason: str) -> None:
