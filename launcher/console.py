@@ -44,7 +44,7 @@ def table(title: str, columns: list[str], rows: list[list[str]], styles: dict[in
 
 STATUS_STYLE = {"ok": "green", "pass": "green", "applied": "green", "warn": "yellow", "skipped": "yellow",
                 "disabled": "dim", "declined": "yellow", "fail": "red", "error": "red",
-                "failed-at-runtime": "red"}
+                "failed-at-runtime": "red", "partial": "yellow", "mixed": "yellow"}
 
 
 def styled(status: str) -> str:

@@ -4,6 +4,11 @@ channel exports them there: ``radiance:patch_status`` per TP rank, the ``radianc
 The launcher reads text, never the plugin: ``parse(text)`` gives the per-rank rows, one merged row per
 patch (ranks that agree: their status; ranks that differ: ``mixed``, with each rank's status in the
 reason), and the counters by name (labels folded in: ``draft_tokens{source=ngram}``).
+
+A feature that runs stock for some steps (dynamic-draft: steps vLLM's state keeps from the controller)
+gets its step counts beside its row (``steps``: the patch's against stock's, from its counters); with
+steps that fell back it is ``partial``, or ``declined`` if the patch ran none, whatever the row said:
+the counters may be a step ahead of the row.
 """
 from __future__ import annotations
 
@@ -62,6 +67,29 @@ def merge_ranks(ranks: dict[str, list[dict]]) -> list[dict]:
     return merged
 
 
+# feature -> (counter of the steps the patch ran, counter of those that fell back to stock, how each is said)
+STEP_COUNTERS = {"dynamic_draft": ("draft_steps", "draft_fallback_steps", "drafted by dynamic-draft",
+                                   "ran stock MTP")}
+
+
+def with_step_counts(rows: list[dict], counters: dict[str, float]) -> list[dict]:
+    out = []
+    for row in rows:
+        spec = STEP_COUNTERS.get(row["feature"])
+        if spec is None or row["status"] not in ("applied", "partial", "declined"):
+            out.append(row)
+            continue
+        ran, stock = int(counters.get(spec[0], 0)), int(counters.get(spec[1], 0))
+        row = {**row, "steps": {"patch": ran, "stock": stock}}
+        if stock:
+            if row["status"] != "declined":
+                row["status"] = "partial" if ran else "declined"
+            counts = f"{ran} steps {spec[2]}, {stock} {spec[3]}"
+            row["reason"] = f"{row['reason']}; {counts}" if row["reason"] else counts
+        out.append(row)
+    return out
+
+
 def parse(text: str) -> EngineReport:
     rep = EngineReport()
     for family in text_string_to_metric_families(text):
@@ -78,5 +106,5 @@ def parse(text: str) -> EngineReport:
             elif sample.name.endswith("_total"):
                 key = _counter_key(sample.name, sample.labels)
                 rep.counters[key] = rep.counters.get(key, 0) + sample.value
-    rep.patches = merge_ranks(rep.ranks)
+    rep.patches = with_step_counts(merge_ranks(rep.ranks), rep.counters)
     return rep

@@ -46,7 +46,10 @@ Fail closed:
   range, Model Runner V2 selected (it has its own proposer, which this patch does not hook);
 * per step, stock MTP for that step: a drafter that is not plain MTP (``EagleProposer`` with
   method "mtp"), parallel drafting, vLLM's local-argmax or heterogeneous-vocab draft paths,
-  probabilistic draft sampling with a non-greedy request in the batch, k < 2;
+  probabilistic draft sampling with a non-greedy request in the batch, k < 2; the feature's status then
+  says ``partial`` (``declined`` while no step has been controlled), and ``radiance status`` puts the
+  step counts beside it; what the load decides for every step (no drafter, one that is not MTP, one
+  slot) is reported declined at load (``after_load``);
 * any exception in the hooks latches the patch off (``Patch.latch_off``, the semantics of
   ``fail_closed``, written out so that vLLM's own exceptions are never retried and the loop-break is
   never mistaken for a failure): stock MTP from then on, one warning.
@@ -76,7 +79,7 @@ import torch
 
 from .. import envs
 from ..kernels.draft_confidence import draft_top1
-from ..patching import Patch, resolve
+from ..patching import Outcome, Patch, report, resolve
 from .context_mirror import ContextMirror
 from .controller import DraftPolicy, StepController
 from .local_vocab import check_vocab, combine, sample_top1, shard_stats
@@ -205,6 +208,7 @@ class DynamicDraftPatch(Patch):
         self.steps_seen = 0  # controlled steps started in this process (names the step of a latch)
         self.counters: DraftCounters | None = None
         self.steps_declined: dict[str, int] = {}
+        self.declined_at_load = False  # after_load said the loaded drafter runs stock every step
         self.slots_observed = 0  # per-slot hook calls that reached the controller (tests)
 
     def guard(self) -> str | None:
@@ -328,8 +332,44 @@ class DynamicDraftPatch(Patch):
         self.steps_declined[reason] = n + 1
         if n == 0:
             logger.info("radiance: dynamic-draft runs stock MTP for steps where %s", reason)
+            self._report_steps()
         if self.counters is not None:
             self.counters.add(fallback_steps=1)
+
+    def after_load(self, runner) -> str | None:
+        """What was loaded decides every step alike: no drafter, a drafter that is not MTP, one slot."""
+        spec = getattr(runner, "speculative_config", None)
+        method = getattr(spec, "method", None)
+        k = getattr(spec, "num_speculative_tokens", None)
+        if spec is None:
+            why = "no drafter: vLLM decodes without speculative tokens"
+        elif method != "mtp":
+            why = f"the drafter is {method}, not MTP: it drafts as stock"
+        elif isinstance(k, int) and k < 2:
+            why = f"num_speculative_tokens is {k}: no draft depth to control, stock MTP"
+        else:
+            return None
+        self.declined_at_load = True  # every step declines alike: the steps add nothing to say
+        return why
+
+    def _report_steps(self) -> None:
+        """The outcome once steps run stock: ``partial`` (the controller drafted some steps) or ``declined``
+        (none yet), with the reasons seen; the counts travel as counters (``steps`` against
+        ``fallback_steps``) and the status reader puts them beside it. Said only when a reason is new or
+        the first controlled step follows stock ones, never per step. Every rank decides the same steps
+        alike, so TP rank 0 says it for every rank."""
+        if self.latched_off or self.declined_at_load or not self.steps_declined:
+            return
+        status = "partial" if self.steps_seen else "declined"
+        reason = "stock MTP for steps where " + "; ".join(self.steps_declined)
+        report().record(Outcome(self.name, self.feature, status, reason))
+        tp, rank = self._tp()
+        if tp > 1 and rank == 0:
+            from ..report import channel
+
+            for r in range(1, tp):
+                channel.update_row(str(r), {"patch": self.name, "feature": self.feature, "status": status,
+                                            "reason": reason})
 
     @staticmethod
     def _state(runner) -> _RunnerState:
@@ -391,6 +431,8 @@ class DynamicDraftPatch(Patch):
             both = _host_wait(copy)
             step.ctl.begin(k, both[:, :k].tolist(), both[:, k].tolist())
         self.steps_seen += 1
+        if self.steps_seen == 1 and self.steps_declined:  # stock steps came first: now partial
+            self._report_steps()
         setattr(drafter, STEP_ATTR, step)
         return step
 

@@ -59,6 +59,11 @@ def fused_allreduce_wanted(tp: int) -> bool:
 PATCH_NAME = "fp8_stream.decoder_contract"
 
 
+# Whether this process planned a Qwen3-Next core (installed or declined, either is recorded): a worker
+# whose target has none reports the feature declined after the load (``after_load``).
+_PLANNED: list[bool] = [False]
+
+
 def _record(status: str, reason: str) -> None:
     report().record(Outcome(PATCH_NAME, "fp8_stream", status, reason))
 
@@ -86,6 +91,7 @@ def _plan_and_install(core, sizes, *, declined: str, installed: str) -> str:
     """Plan for this rank's layout and install, or keep the stock contract where the plan declines;
     the outcome is logged and recorded (``declined``/``installed``: how the line says it)."""
     tp, pp = sizes if sizes is not None else _parallel_sizes()
+    _PLANNED[0] = True
     plan = plan_stream(core, tp, pp)
     if plan.declined:
         line = f"fp8-stream {declined}, stock contract: {plan.declined}"
@@ -128,6 +134,13 @@ class Fp8StreamPatch(Patch):
         if norm is not GemmaRMSNorm:
             return f"Qwen3NextRMSNorm is {norm.__name__}, not GemmaRMSNorm: add_rms_quant reproduces the latter"
         return None
+
+    def after_load(self, runner) -> str | None:
+        if _PLANNED[0]:
+            return None
+        model = getattr(runner, "model", None)
+        return (f"the target ({type(model).__name__}) has no Qwen3-Next decoder core: nothing streams, "
+                "stock contract")
 
     def on_ranks_disagree(self, model) -> str | None:
         """Ranks that stream and ranks that do not would all-reduce partial sums against full ones:

@@ -3,7 +3,9 @@ inherits it).
 
 Hooks:
 ``Worker.load_model`` (wrapped)
-    after the stock load (target, drafter, DFlash taps), every TP rank's patch report is gathered over
+    after the stock load (target, drafter, DFlash taps), each applied patch says whether it will run
+    stock for what was loaded (``Patch.after_load``: declined, with why), then every TP rank's patch
+    report is gathered over
     the TP group's CPU communicator. A patch whose ranks disagree is reconciled on every rank alike
     (the gathered lists are the same everywhere): ``Patch.on_ranks_disagree`` -- fp8-stream takes its
     contract off, since ranks that stream and ranks that do not would all-reduce different things --
@@ -78,6 +80,27 @@ def reconcile(gathered: list[list[dict]], patches_by_name: dict, model) -> list[
     return out
 
 
+def settle_after_load(runner) -> None:
+    """Each applied patch's ``after_load``: one that runs stock for what this worker loaded (no drafter,
+    another architecture) is reported declined, with its reason, before the gather (so on every rank)."""
+    from ..plugin import registry
+
+    reg = registry()
+    rows = {r["patch"]: r for r in report().rows()}
+    for p in (reg.patches if reg else []):
+        if not p.applied or p.latched_off or rows.get(p.name, {}).get("status") != "applied":
+            continue
+        try:
+            why = p.after_load(runner)
+        except Exception as exc:  # a report must never fail the load
+            why = None
+            logger.warning("radiance: %s: after-load check raised %s: %s", p.feature or p.name,
+                           type(exc).__name__, exc)
+        if why:
+            logger.warning("radiance: declined %s (%s): %s", p.feature or p.name, p.name, why)
+            report().record(Outcome(p.name, p.feature, "declined", why))
+
+
 class WorkerReportPatch(Patch):
     name = "report.worker"
     feature = ""
@@ -104,6 +127,7 @@ class WorkerReportPatch(Patch):
         @functools.wraps(orig)
         def load_model(worker, *args, **kwargs):
             result = orig(worker, *args, **kwargs)
+            settle_after_load(getattr(worker, "model_runner", None))
             try:
                 patch.gather(getattr(getattr(worker, "model_runner", None), "model", None))
             except Exception as exc:

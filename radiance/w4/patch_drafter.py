@@ -29,7 +29,8 @@ What is declined, and logged once per shape:
     and pre-processed weights; a block-fp8 DFlash drafter's ``qkv_proj`` (vLLM fuses its context
     K/V projection only for bf16 weights, so there it sees the context token count). MoE
     experts are not linears (FusedMoE) and stay as they are.
-    If a drafter load converts nothing, the feature reports itself declined.
+    If a drafter load converts nothing, the feature reports itself declined; so does a worker that
+    loads no drafter (``after_load``).
 
 Knobs: RADIANCE_W4_DRAFTER (on/off), RADIANCE_W4_GROUP_SIZE (G).
 """
@@ -154,6 +155,15 @@ class W4DrafterPatch(Patch):
                     stats["converted"], convert.mib(stats["before"]), convert.mib(stats["after"]))
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # so vLLM's KV-cache profiling sees the freed weights
+
+    def after_load(self, runner) -> str | None:
+        """No drafter load converted anything: none was loaded (no drafter, or one without weights)."""
+        if self.converted_total:
+            return None
+        spec = getattr(runner, "speculative_config", None)
+        if spec is None:
+            return "no drafter: nothing to convert"
+        return f"the {getattr(spec, 'method', '?')} drafter loaded no linears this patch converts"
 
     # -- conversion -------------------------------------------------------------------
     def _note(self, kind: str, layer, shape, verdict: str) -> None:

@@ -38,3 +38,39 @@ def test_rows_by_rank_merged_and_counters():
 def test_an_engine_that_has_not_stepped_yet_reports_nothing():
     rep = parse("# HELP vllm:x y\n# TYPE vllm:x gauge\nvllm:x 1.0\n")
     assert not rep.known and rep.patches == [] and rep.counters == {}
+
+
+def _status(rank: str, feature: str, patch: str, status: str, reason: str = "") -> str:
+    return (f'radiance:patch_status{{engine="0",feature="{feature}",model_name="m",patch="{patch}",rank="{rank}",'
+            f'reason="{reason}",status="{status}"}} 1.0\n')
+
+
+def _steps(drafted: int, stock: int) -> str:
+    return (f'radiance:draft_steps_total{{engine="0",model_name="m"}} {drafted}.0\n'
+            f'radiance:draft_fallback_steps_total{{engine="0",model_name="m"}} {stock}.0\n')
+
+
+DD = ("dynamic_draft", "dynamic_draft.proposer")
+
+
+def test_dynamic_draft_with_stock_steps_is_partial_with_counts():
+    text = "".join(_status(r, *DD, "partial", "stock MTP for steps where fewer than two draft slots are scheduled")
+                   for r in "01") + _steps(5, 3)
+    row = parse(text).patches[0]
+    assert row["status"] == "partial" and row["steps"] == {"patch": 5, "stock": 3}
+    assert row["reason"] == ("stock MTP for steps where fewer than two draft slots are scheduled; "
+                             "5 steps drafted by dynamic-draft, 3 ran stock MTP")
+
+
+def test_counters_ahead_of_an_applied_row_make_it_partial_or_declined():
+    row = parse(_status("0", *DD, "applied") + _steps(2, 1)).patches[0]
+    assert row["status"] == "partial" and row["reason"] == "2 steps drafted by dynamic-draft, 1 ran stock MTP"
+    row = parse(_status("0", *DD, "applied") + _steps(0, 4)).patches[0]
+    assert row["status"] == "declined" and row["steps"] == {"patch": 0, "stock": 4}
+    row = parse(_status("0", *DD, "applied") + _steps(7, 0)).patches[0]
+    assert row["status"] == "applied" and row["steps"] == {"patch": 7, "stock": 0} and row["reason"] == ""
+
+
+def test_a_latched_or_mixed_row_keeps_its_status():
+    row = parse(_status("0", *DD, "failed-at-runtime", "fault on TP rank 1") + _steps(3, 9)).patches[0]
+    assert row["status"] == "failed-at-runtime" and "steps" not in row

@@ -1,0 +1,123 @@
+"""A patch that runs stock for what was loaded, or for some steps, says so: declined at load (no drafter,
+another architecture, one draft slot), partial or declined per step (dynamic-draft), through the report
+that radiance/report gathers from every rank."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from radiance import patching
+
+pytest.importorskip("vllm")
+
+
+def _row(name: str) -> dict:
+    return next(r for r in patching.report().rows() if r["patch"] == name)
+
+
+def _runner(spec=None, model=None):
+    return types.SimpleNamespace(speculative_config=spec, model=model)
+
+
+def _spec(method: str, k: int = 4):
+    return types.SimpleNamespace(method=method, num_speculative_tokens=k)
+
+
+def test_dynamic_draft_declines_at_load_for_a_drafter_it_does_not_control():
+    from radiance.draft.patch_proposer import DynamicDraftPatch
+
+    assert "no drafter" in DynamicDraftPatch().after_load(_runner())
+    assert "the drafter is ngram, not MTP" in DynamicDraftPatch().after_load(_runner(_spec("ngram")))
+    assert "num_speculative_tokens is 1" in DynamicDraftPatch().after_load(_runner(_spec("mtp", 1)))
+    assert DynamicDraftPatch().after_load(_runner(_spec("mtp", 4))) is None
+
+
+def test_dynamic_draft_per_step_declines_are_declined_then_partial():
+    from radiance.draft.controller import DraftPolicy
+    from radiance.draft.patch_proposer import DynamicDraftPatch
+
+    p = DynamicDraftPatch()
+    p.policy = DraftPolicy.from_env()
+    patching.report().record(patching.Outcome(p.name, p.feature, "applied"))
+    version = patching.report().version
+    p._decline_step("fewer than two draft slots are scheduled")
+    row = _row(p.name)
+    assert row["status"] == "declined", row  # no step controlled yet
+    assert "stock MTP for steps where fewer than two draft slots" in row["reason"]
+    p._decline_step("fewer than two draft slots are scheduled")
+    assert patching.report().version == version + 1  # said once per reason, not per step
+    drafter = types.SimpleNamespace()
+    p.start_step(drafter, 2, True, ["a"], torch.zeros((1, 3), dtype=torch.int64))
+    row = _row(p.name)
+    assert row["status"] == "partial" and "fewer than two draft slots" in row["reason"], row
+    p._decline_step(p._step_or_reason(types.SimpleNamespace(), None, 4))
+    row = _row(p.name)
+    assert row["status"] == "partial" and "the drafter is not plain MTP" in row["reason"], row
+    p.latch_off("test")
+    p._decline_step("another reason")
+    assert _row(p.name)["status"] == "failed-at-runtime"  # a latch is never overwritten
+
+
+def test_dynamic_draft_declined_at_load_stays_declined_per_step():
+    from radiance.draft.patch_proposer import DynamicDraftPatch
+
+    p = DynamicDraftPatch()
+    patching.report().record(patching.Outcome(p.name, p.feature, "declined", "the drafter is ngram, not MTP"))
+    assert p.after_load(_runner(_spec("ngram")))
+    p._decline_step("the drafter is not plain MTP")
+    assert _row(p.name)["reason"] == "the drafter is ngram, not MTP"
+
+
+def test_w4_drafter_with_no_drafter_declines():
+    from radiance.w4.patch_drafter import W4DrafterPatch
+
+    p = W4DrafterPatch()
+    assert p.after_load(_runner()) == "no drafter: nothing to convert"
+    assert "ngram drafter loaded no linears" in p.after_load(_runner(_spec("ngram")))
+    p.converted_total = 4
+    assert p.after_load(_runner(_spec("mtp"))) is None
+
+
+def test_fp8_stream_on_a_target_with_no_qwen3_next_core_declines(monkeypatch):
+    from radiance.fp8_stream import patch as fp8
+
+    class LlamaForCausalLM(torch.nn.Module):
+        pass
+
+    monkeypatch.setattr(fp8, "_PLANNED", [False])
+    why = fp8.Fp8StreamPatch().after_load(_runner(model=LlamaForCausalLM()))
+    assert why.startswith("the target (LlamaForCausalLM) has no Qwen3-Next decoder core"), why
+    monkeypatch.setattr(fp8, "_PLANNED", [True])  # planned: the plan's own outcome stands
+    assert fp8.Fp8StreamPatch().after_load(_runner(model=LlamaForCausalLM())) is None
+
+
+def test_settle_after_load_records_declined_only_for_applied_patches(monkeypatch, caplog):
+    import radiance.plugin as plugin
+    from radiance.report import patch_worker
+
+    class Stocky(patching.Patch):
+        name, feature = "test.stocky", "test_feature"
+
+        def after_load(self, runner):
+            return "nothing here to patch"
+
+    class Kept(Stocky):
+        name = "test.kept"
+
+        def after_load(self, runner):
+            raise RuntimeError("boom")  # a failing check keeps the outcome and says so
+
+    patches = [Stocky(), Kept()]
+    for p in patches:
+        p.applied = True
+        patching.report().record(patching.Outcome(p.name, p.feature, "applied"))
+    monkeypatch.setattr(plugin, "_registry", patching.Registry(patches))
+    with caplog.at_level("WARNING", logger="radiance"):
+        patch_worker.settle_after_load(_runner())
+    assert _row("test.stocky") == {"patch": "test.stocky", "feature": "test_feature", "status": "declined",
+                                   "reason": "nothing here to patch"}
+    assert _row("test.kept")["status"] == "applied"
+    assert any("declined test_feature (test.stocky): nothing here to patch" in r.message for r in caplog.records)
+    assert any("after-load check raised RuntimeError: boom" in r.message for r in caplog.records)
