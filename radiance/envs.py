@@ -85,6 +85,8 @@ class Knob:
     doc: str
     choices: tuple[str, ...] = ()
     check: Callable[[Any], str | None] | None = None  # returns an error text or None
+    # Shapes what the engine builds or runs: part of vLLM's compile-cache key (radiance/compile_key.py).
+    engine: bool = False
 
     def read(self, environ: dict[str, str] | None = None) -> Any:
         env = os.environ if environ is None else environ
@@ -117,37 +119,37 @@ _KNOBS = (
          "Show Python tracebacks from the launcher CLI instead of one-line errors."),
     # --- dynamic-draft -----------------------------------------------------------------
     Knob("RADIANCE_DYNAMIC_DRAFT", "0", parse_bool,
-         "Per-slot MTP draft-depth controller; 0 is byte-identical stock MTP."),
+         "Per-slot MTP draft-depth controller; 0 is byte-identical stock MTP.", engine=True),
     Knob("RADIANCE_DRAFT_TAU", repr(features.DRAFT_TAU), _parse_float,
          "Keep drafting while the running product of top-1 draft confidences stays >= tau.",
-         check=_unit_interval),
+         check=_unit_interval, engine=True),
     Knob("RADIANCE_DRAFT_SCHEDULE", features.DRAFT_SCHEDULE, parse_schedule,
          "Batch-size schedule 'bs:max_depth,...' capping serial MTP forwards (carry-forward); "
-         "empty disables the cap."),
+         "empty disables the cap.", engine=True),
     Knob("RADIANCE_DRAFT_LOCAL_VOCAB", "1", parse_bool,
          "At TP>1, take each draft token and its confidence from the vocabulary shards (three floats "
-         "per row exchanged); 0 gathers the full logit rows as stock MTP does (same tokens)."),
+         "per row exchanged); 0 gathers the full logit rows as stock MTP does (same tokens).", engine=True),
     Knob("RADIANCE_DRAFT_LOOKAHEAD", "auto", _parse_str,
          "Decide draft slot j while slot j+1's forward already runs (its token and confidence copied "
          "to the host asynchronously; a stop drops the slot that ran ahead). auto: on for GPU "
          "tensors, off on CPU (copies there are synchronous: nothing to overlap); 1/0 force it (the "
-         "CPU tests force it on to check it is lossless).", choices=("auto", "1", "0")),
+         "CPU tests force it on to check it is lossless).", choices=("auto", "1", "0"), engine=True),
     # --- w4-drafter / int4-head --------------------------------------------------------
     Knob("RADIANCE_W4_DRAFTER", "0", parse_bool,
-         "Quantise the drafter's linears to 4-bit (W4A16) at load; lossless for the target."),
+         "Quantise the drafter's linears to 4-bit (W4A16) at load; lossless for the target.", engine=True),
     Knob("RADIANCE_INT4_HEAD", "0", parse_bool,
-         "Quantise the target's lm_head to 4-bit (W4A16) after load; changes numerics."),
+         "Quantise the target's lm_head to 4-bit (W4A16) after load; changes numerics.", engine=True),
     Knob("RADIANCE_W4_GROUP_SIZE", str(features.W4_GROUP_SIZE), _parse_int,
-         "Group size along K of the 4-bit quantiser.", check=_positive),
+         "Group size along K of the 4-bit quantiser.", check=_positive, engine=True),
     # --- fp8-stream --------------------------------------------------------------------
     Knob("RADIANCE_FP8_STREAM", "0", parse_bool,
-         "fp8 residual-stream contract with fused add + RMSNorm + quant epilogues (TP>1)."),
+         "fp8 residual-stream contract with fused add + RMSNorm + quant epilogues (TP>1).", engine=True),
     Knob("RADIANCE_FP8_STREAM_FUSED_AR", "1", parse_bool,
          "fp8-stream at TP=2 on GPUs: all-reduce and epilogue as one two-rank kernel over peer "
-         "memory (same bits); 0 runs the all-reduce and add_rms_quant separately."),
+         "memory (same bits); 0 runs the all-reduce and add_rms_quant separately.", engine=True),
     Knob("RADIANCE_GDN_NORM_QUANT", "0", parse_bool,
          "With the fp8-stream contract installed: GDN gated RMSNorm + fp8 quant in one kernel "
-         "feeding out_proj; off by default (1-ulp differences from vLLM's CPU norm, ~3e-6)."),
+         "feeding out_proj; off by default (1-ulp differences from vLLM's CPU norm, ~3e-6).", engine=True),
     # --- launcher / appliance ----------------------------------------------------------
     Knob("RADIANCE_HOME", "", _parse_str,
          "State directory of the launcher (deployments, logs, reports); empty: "
@@ -191,6 +193,7 @@ _KNOBS = (
 )
 
 KNOBS: dict[str, Knob] = {k.name: k for k in _KNOBS}
+ENGINE_KNOBS: tuple[str, ...] = tuple(k.name for k in _KNOBS if k.engine)
 
 
 def get(name: str, environ: dict[str, str] | None = None) -> Any:
