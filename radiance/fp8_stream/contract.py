@@ -37,6 +37,28 @@ INSTALLED_ATTR = "_radiance_fp8_stream_installed"
 
 
 @dataclass
+class RunState:
+    """What every streamed layer of one installed core shares at run time: the fault latch.
+
+    A fault in a site's epilogue (after its all-reduce) leaves that site, and every later one on this
+    rank, to the stock arithmetic -- ``norm(all_reduce(partial), residual)``, bf16 into the consumer,
+    which quantises as the stock fp8 path does -- so the ranks keep issuing the same all-reduces
+    whatever happened locally. The fault is then agreed: the first streamed site of each forward
+    (``carrier``) all-reduces one more element with its partial, each rank's bit set if it faulted,
+    so every rank learns in the same forward which ranks faulted and latches the stream off there;
+    the next forward takes the contract off at its first layer (nothing of it streamed yet) and runs
+    stock. Eager execution only: under torch.compile / CUDA graphs this Python runs while vLLM traces,
+    where no flag is read (a fault there falls back on its own rank, at the stock arithmetic, and is
+    reported by that rank)."""
+    core: torch.nn.Module | None = None
+    carrier: tuple | None = None     # (layer, "in" | "mid"): the site whose all-reduce carries the flags
+    fault: str | None = None         # this rank's fault, not yet agreed
+    latched: str | None = None       # agreed on every rank: stock from the next forward on
+    forwards: int = 0                # forwards whose flags were exchanged (names the step of a latch)
+    on_agreed: object = None         # callable(faulted ranks, forward, this rank's fault or None)
+
+
+@dataclass
 class LayerFlags:
     stream_in: bool
     stream_mid: bool
@@ -45,6 +67,7 @@ class LayerFlags:
     mid_group: int = 0
     mid_dtype: torch.dtype = torch.float8_e4m3fn
     fused: bool = False  # the two-rank fused all-reduce epilogue (TP=2, GPU)
+    run: RunState = field(default_factory=RunState)
 
 
 @dataclass
@@ -56,6 +79,8 @@ class Installed:
     gdn_refused: dict = field(default_factory=dict)  # {why: [layer indices]} kept stock
     fused: bool = False  # the sites call the two-rank fused all-reduce epilogue
     consumers: dict = field(default_factory=dict)  # {GEMM run on the (q, scale): consumer linears}
+    run: RunState = field(default_factory=RunState)
+    fused_note: str = ""  # why the fused epilogue is off (its load-time self-test), for the summary
 
     def summary(self) -> str:
         text = self.plan.summary()
@@ -63,27 +88,110 @@ class Installed:
             text += "; consumers: " + ", ".join(f"{n} {g}" for g, n in sorted(self.consumers.items()))
         if self.fused:
             text += "; each all-reduce + epilogue one two-rank kernel"
+        if self.fused_note:
+            text += f"; {self.fused_note}"
         if self.gdn or self.gdn_refused:
             text += "; " + gdn.summary(self.gdn, self.gdn_refused)
         return text
 
 
-def _epilogue(partial: torch.Tensor, residual: torch.Tensor, norm, group: int, fp8_dtype, fused: bool):
-    from .fused_allreduce import allreduce_epilogue
+def _all_reduce(x: torch.Tensor) -> torch.Tensor:
+    from vllm.distributed import tensor_model_parallel_all_reduce
 
-    q, scale, residual = allreduce_epilogue(partial, residual, norm.weight, norm.variance_epsilon, group,
-                                            fp8_dtype, fused)
-    return Fp8Activation(q, scale, partial.dtype), residual
+    return tensor_model_parallel_all_reduce(x)
+
+
+def _norm_quant(reduced: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, group: int,
+                fp8_dtype):
+    """A site's epilogue past its all-reduce: residual add + RMSNorm + fp8 quant."""
+    from ..kernels.add_rms_quant import add_rms_quant
+
+    return add_rms_quant(reduced, residual, weight, eps, group, fp8_dtype)
+
+
+def _exchange_flags(partial: torch.Tensor, run: RunState) -> torch.Tensor:
+    """The carrier site's all-reduce, one element longer: each rank adds 2**rank there if it has a fault
+    not yet agreed, so every rank reads the same set of faulted ranks in the same forward."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    bit = float(1 << get_tensor_model_parallel_rank()) if run.fault else 0.0
+    flat = _all_reduce(torch.cat([partial.reshape(-1), partial.new_full((1,), bit)]))
+    run.forwards += 1
+    mask = int(flat[-1].item())  # a sum of distinct powers of two below 2**8: exact in bf16
+    if mask:
+        faulted = [r for r in range(mask.bit_length()) if mask >> r & 1]
+        mine, run.fault = run.fault, None
+        run.latched = f"TP rank(s) {', '.join(map(str, faulted))} faulted at forward {run.forwards}"
+        if callable(run.on_agreed):
+            run.on_agreed(faulted, run.forwards, mine)
+    return flat[:-1].view(partial.shape)
+
+
+def _carries(layer, site: str, run: RunState) -> bool:
+    if run.carrier is None or run.carrier[0] is not layer or run.carrier[1] != site or run.latched:
+        return False
+    if torch.compiler.is_compiling():
+        return False  # traced: no host read of a flag in the graph
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _epilogue(layer, site: str, partial: torch.Tensor, residual: torch.Tensor, norm, group: int, fp8_dtype,
+              flags: LayerFlags):
+    """all_reduce(partial) + add_rms_quant -> (Fp8Activation, residual); after a fault on this rank, or
+    once the ranks agreed on one, the stock arithmetic at the same all-reduce (RunState)."""
+    run = flags.run
+    if partial.dim() != 2:
+        partial = partial.reshape(-1, partial.shape[-1])
+    if _carries(layer, site, run):
+        reduced = _exchange_flags(partial, run)
+    elif flags.fused and not (run.fault or run.latched):
+        # the all-reduce and the epilogue are one op here: a fault inside it cannot be taken back on one
+        # rank (its peer's half of the exchange may have run), so it is not caught
+        from .fused_allreduce import allreduce_epilogue
+
+        q, scale, residual = allreduce_epilogue(partial, residual, norm.weight, norm.variance_epsilon, group,
+                                                fp8_dtype, True)
+        return Fp8Activation(q, scale, partial.dtype), residual
+    else:
+        reduced = _all_reduce(partial)
+    if not (run.fault or run.latched):
+        try:
+            q, scale, residual_out = _norm_quant(reduced, residual, norm.weight, norm.variance_epsilon, group,
+                                                 fp8_dtype)
+            return Fp8Activation(q, scale, partial.dtype), residual_out
+        except Exception as exc:
+            run.fault = f"layer {getattr(layer, 'layer_idx', '?')} {site} epilogue: {type(exc).__name__}: {exc}"
+            _say_fault(run.fault)
+    return norm(reduced, residual)
+
+
+def _say_fault(reason: str) -> None:
+    import logging
+
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        rank = get_tensor_model_parallel_rank()
+    except Exception:
+        rank = 0
+    logging.getLogger("radiance").warning(
+        "radiance: fp8-stream fault on TP rank %d (%s); this rank runs the stock arithmetic at the same "
+        "all-reduces, and every rank turns the stream off together at the next forward", rank, reason)
 
 
 def stream_forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | None,
                    positions: torch.Tensor, **kwargs):
     """Qwen3NextDecoderLayer.forward under the fp8-stream contract (bound per instance)."""
     flags: LayerFlags = getattr(self, STATE_ATTR)
+    run = flags.run
+    if run.latched and residual is None and not flags.stream_in and run.core is not None:
+        # a forward's first layer, nothing of it streamed yet: the contract comes off, stock from here
+        uninstall(run.core)
+        return self.forward(hidden_states=hidden_states, residual=residual, positions=positions, **kwargs)
     if flags.stream_in:
         # hidden_states: the previous layer's un-reduced down_proj output.
-        x, residual = _epilogue(hidden_states, residual, self.input_layernorm,
-                                flags.in_group, flags.in_dtype, flags.fused)
+        x, residual = _epilogue(self, "in", hidden_states, residual, self.input_layernorm,
+                                flags.in_group, flags.in_dtype, flags)
     elif residual is None:
         residual = hidden_states
         x = self.input_layernorm(hidden_states)
@@ -97,8 +205,8 @@ def stream_forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | N
 
     if flags.stream_mid:
         # attn_out: this layer's un-reduced o_proj/out_proj output.
-        x, residual = _epilogue(attn_out, residual, self.post_attention_layernorm,
-                                flags.mid_group, flags.mid_dtype, flags.fused)
+        x, residual = _epilogue(self, "mid", attn_out, residual, self.post_attention_layernorm,
+                                flags.mid_group, flags.mid_dtype, flags)
     else:
         x, residual = self.post_attention_layernorm(attn_out, residual)
     return self.mlp(x), residual
@@ -115,6 +223,7 @@ def install(core: torch.nn.Module, plan: StreamPlan, gdn_norm_quant: bool = Fals
         raise RuntimeError("fp8-stream is already installed on this model")
     layers = list(core.layers)
     done = Installed(plan, fused=fused, consumers=consumer_gemms(core, plan))
+    done.run.core = core
     setattr(core, INSTALLED_ATTR, done)
     try:
         for layer, lp in zip(layers, plan.layers):
@@ -133,7 +242,9 @@ def install(core: torch.nn.Module, plan: StreamPlan, gdn_norm_quant: bool = Fals
                     fmt_in.group_size if fmt_in else 0,
                     fmt_in.fp8_dtype if fmt_in else torch.float8_e4m3fn,
                     fmt_mid.group_size if fmt_mid else 0,
-                    fmt_mid.fp8_dtype if fmt_mid else torch.float8_e4m3fn, fused))
+                    fmt_mid.fp8_dtype if fmt_mid else torch.float8_e4m3fn, fused, done.run))
+                if done.run.carrier is None:  # the first streamed site in layer order
+                    done.run.carrier = (layer, "in" if lp.stream_in else "mid")
                 layer.forward = types.MethodType(stream_forward, layer)
                 done.layers.append(layer)
         if gdn_norm_quant:
@@ -161,3 +272,12 @@ def uninstall(core: torch.nn.Module) -> bool:
 
 def installed(core: torch.nn.Module) -> Installed | None:
     return getattr(core, INSTALLED_ATTR, None)
+
+
+def set_fused(done: Installed, fused: bool, note: str = "") -> None:
+    """Turn the two-rank fused epilogue on or off at every site of an installed core (its load-time
+    self-test decides; fused_allreduce.prove)."""
+    done.fused = fused
+    done.fused_note = note
+    for layer in done.layers:
+        getattr(layer, STATE_ATTR).fused = fused

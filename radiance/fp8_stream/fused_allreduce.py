@@ -12,6 +12,14 @@ eager warm-up, before any graph is captured, and only once every rank of the gro
 communicator), so the ranks never disagree on the path. Anything else -- CPU tensors, TP != 2,
 ``RADIANCE_FP8_STREAM_FUSED_AR=0``, a failed set-up -- runs ``all_reduce`` then
 ``add_rms_quant``: the same bits (the kernel module's doc says why).
+
+Before the contract uses it, the op proves itself on the ranks it will serve (``prove``, at load, on
+every rank of the group together): peer access and the buffers as above, then the op's result on a
+known tensor against the TP group's own all-reduce (NCCL; gloo on CPU) followed by ``add_rms_quant``,
+bit for bit. On any difference, on any rank, the ranks' verdicts are gathered and it is off on every
+rank, with one line naming the ranks and what differed. On CPU there is no two-rank kernel: the op
+runs the separate path, so the check proves the agreement and the latch, not a kernel (radiance check
+says the kernel is unverified until it has run on two GPUs).
 """
 from __future__ import annotations
 
@@ -105,6 +113,80 @@ def _tp2_fake(partial, residual, weight, eps: float, group_size: int, fp8_dtype:
     return (partial.new_empty((m, k), dtype=fp8_dtype),
             partial.new_empty(scale_shape(m, k, group_size), dtype=torch.float32),
             torch.empty_like(partial))
+
+
+# (group, K, dtype, group size, fp8 dtype) -> (proven, why not): a re-plan around taps reuses the verdict
+_PROVEN: dict = {}
+PROVE_ROWS = (1, 5, 64)  # decode, an odd block, a prefill-sized block: every M the check runs
+
+
+def _known_inputs(rank: int, m: int, k: int, dtype: torch.dtype, device: torch.device):
+    """A partial that differs per rank, and the residual every rank holds alike."""
+    g = torch.Generator().manual_seed(7919 * (rank + 1) + m)
+    partial = torch.randn(m, k, generator=g).to(dtype)
+    residual = torch.randn(m, k, generator=torch.Generator().manual_seed(104729 + m)).to(dtype)
+    return partial.to(device), residual.to(device)
+
+
+def _differences(got, want) -> str:
+    """'' when the op's (q, scale, residual) equals the reference's bit for bit, else what differs."""
+    names = ("fp8 codes", "scales", "sum (new residual)")
+    out = []
+    for name, a, b in zip(names, got, want):
+        if a.shape != b.shape:
+            out.append(f"{name}: shape {tuple(a.shape)} vs {tuple(b.shape)}")
+            continue
+        if a.dtype.is_floating_point and a.element_size() == 1:
+            a, b = a.view(torch.uint8), b.view(torch.uint8)
+        n = int((a != b).sum())
+        if n:
+            out.append(f"{name}: {n} of {a.numel()} differ")
+    return ", ".join(out)
+
+
+def prove(weight: torch.Tensor | None, eps: float, group_size: int, fp8_dtype: torch.dtype,
+          dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
+    """Called on every rank of the TP=2 group together, at load (``weight`` None: this rank installed no
+    stream, it only votes). (True, "") when the fused op is proven on these ranks; else (False, one line:
+    which ranks, why). On GPUs the op is the kernel (peer access and buffers first); on CPU the separate
+    path it dispatches to there."""
+    import torch.distributed as dist
+    from vllm.distributed import get_tp_group
+
+    tp = get_tp_group()
+    k = int(weight.shape[-1]) if weight is not None else 0
+    key = (tp.unique_name, k, dtype, group_size, fp8_dtype)
+    if key in _PROVEN:
+        return _PROVEN[key]
+    backend = "NCCL" if device.type == "cuda" else "gloo"
+    why = "" if weight is not None else "the stream is not installed on this rank"
+    ready = _group_agrees(not why)  # every rank takes the same collectives from here
+    if ready and device.type == "cuda":
+        if _epilogue_for(k, dtype, device) is None:  # peer access and buffers, agreed by the group
+            why = "no peer access between the two GPUs, or no symmetric buffers (the line above says which)"
+    if ready and _group_agrees(not why):
+        try:
+            for m in PROVE_ROWS:
+                partial, residual = _known_inputs(tp.rank_in_group, m, k, dtype, device)
+                from ..kernels.add_rms_quant import add_rms_quant
+
+                want = add_rms_quant(_all_reduce(partial.clone()), residual.clone(), weight, eps, group_size,
+                                     fp8_dtype)
+                got = _TP2_OP(partial.clone(), residual.clone(), weight, float(eps), int(group_size), fp8_dtype)
+                diff = _differences(got, want)
+                if diff:
+                    why = f"M={m}: {diff} against {backend}'s all-reduce + add_rms_quant"
+                    break
+        except Exception as exc:  # noqa: BLE001 - a check that cannot run proves nothing
+            why = f"the check raised {type(exc).__name__}: {exc}"
+    verdicts: list = [None] * tp.world_size
+    dist.all_gather_object(verdicts, why, group=tp.cpu_group)
+    bad = [(r, w) for r, w in enumerate(verdicts) if w]
+    result = (False, "; ".join(f"rank {r}: {w}" for r, w in bad)) if bad else (True, "")
+    if bad:
+        _STATE[(tp.unique_name, k, dtype)] = None  # the op, if called at all, takes the separate path
+    _PROVEN[key] = result
+    return result
 
 
 def _register_op():

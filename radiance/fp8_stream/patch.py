@@ -26,6 +26,8 @@ from __future__ import annotations
 import functools
 import logging
 
+import torch
+
 from .. import envs
 from ..patching import Outcome, Patch, report, resolve
 from . import contract, gdn
@@ -87,18 +89,83 @@ def replan_for_taps(core, sizes=None) -> str | None:
                              installed="installed again around the auxiliary hidden-state taps")
 
 
+def _carrier_site(done):
+    """(norm weight, eps, group size, fp8 dtype) of the first streamed site: what the self-test runs."""
+    layer, site = done.run.carrier
+    flags = getattr(layer, contract.STATE_ATTR)
+    norm = layer.input_layernorm if site == "in" else layer.post_attention_layernorm
+    if site == "in":
+        return norm.weight, norm.variance_epsilon, flags.in_group, flags.in_dtype
+    return norm.weight, norm.variance_epsilon, flags.mid_group, flags.mid_dtype
+
+
+def _prove_fused(done) -> None:
+    """Every rank of a TP=2 group, whatever its plan did: the fused epilogue's load-time self-test
+    (fused_allreduce.prove); it is used only where it passed on every rank, and only on GPUs."""
+    from . import fused_allreduce
+
+    if done is None or done.run.carrier is None:
+        fused_allreduce.prove(None, 0.0, 0, torch.float8_e4m3fn, torch.bfloat16, torch.device("cpu"))
+        return
+    weight, eps, group, fp8_dtype = _carrier_site(done)
+    ok, why = fused_allreduce.prove(weight, eps, group, fp8_dtype, weight.dtype, weight.device)
+    if ok:
+        on_gpu = fused_allreduce_wanted(2)
+        logger.info("radiance: fp8-stream: the fused two-rank all-reduce epilogue proved itself on these ranks "
+                    "(bit for bit against %s at M=%s)%s", "NCCL" if weight.is_cuda else "gloo",
+                    ", ".join(map(str, fused_allreduce.PROVE_ROWS)),
+                    "" if on_gpu else "; no two-rank kernel on this platform: the separate path runs")
+        contract.set_fused(done, on_gpu)
+        return
+    note = f"the fused two-rank all-reduce epilogue is off on every rank ({why})"
+    logger.warning("radiance: fp8-stream: %s; all-reduce then add_rms_quant", note)
+    contract.set_fused(done, False, note)
+
+
+def _on_agreed(faulted: list[int], forward: int, mine: str | None) -> None:
+    """Every rank, the same forward: the carrier's all-reduce said which ranks faulted."""
+    from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    rank, tp = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+    ranks = ", ".join(map(str, faulted))
+    together = "turned off on every rank together"
+    if rank in faulted and mine:
+        reason = f"fault on TP rank {rank} at forward {forward}: {mine}; {together}"
+    else:
+        reason = f"TP rank(s) {ranks} faulted at forward {forward}; {together}"
+    PATCHES[0].latch_off(reason)
+    if rank == 0:  # rank 0 speaks for every rank on the report channel
+        from ..report import channel
+
+        for r in range(1, tp):
+            why = (f"fault on TP rank {r} at forward {forward} (its log has the error); {together}"
+                   if r in faulted else f"TP rank(s) {ranks} faulted at forward {forward}; {together}")
+            channel.update_row(str(r), {"patch": PATCH_NAME, "feature": "fp8_stream",
+                                        "status": "failed-at-runtime", "reason": why})
+
+
 def _plan_and_install(core, sizes, *, declined: str, installed: str) -> str:
     """Plan for this rank's layout and install, or keep the stock contract where the plan declines;
-    the outcome is logged and recorded (``declined``/``installed``: how the line says it)."""
+    the outcome is logged and recorded (``declined``/``installed``: how the line says it). At TP=2 with
+    RADIANCE_FP8_STREAM_FUSED_AR every rank then takes part in the fused epilogue's self-test, installed
+    or not, so that the group's collectives match."""
     tp, pp = sizes if sizes is not None else _parallel_sizes()
     _PLANNED[0] = True
     plan = plan_stream(core, tp, pp)
+    prove = tp == 2 and pp == 1 and bool(envs.get("RADIANCE_FP8_STREAM_FUSED_AR"))
+    done = None
+    try:
+        if not plan.declined:
+            done = contract.install(core, plan, gdn_norm_quant=gdn.enabled(), fused=False)
+            done.run.on_agreed = _on_agreed
+    finally:
+        if prove and sizes is None:  # a layout the caller states (tests) has no group to prove on
+            _prove_fused(done)
     if plan.declined:
         line = f"fp8-stream {declined}, stock contract: {plan.declined}"
         logger.warning("radiance: %s", line)
         _record("declined", plan.declined)
         return line
-    done = contract.install(core, plan, gdn_norm_quant=gdn.enabled(), fused=fused_allreduce_wanted(tp))
     line = f"fp8-stream {installed}: {done.summary()}"
     logger.info("radiance: %s", line)
     _record("applied", done.summary())

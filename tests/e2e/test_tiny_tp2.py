@@ -12,11 +12,17 @@ The comparison servers skip the gate (`--skip-gate`): what they are for is their
 runs dynamic-draft's look-ahead (RADIANCE_DRAFT_LOOKAHEAD=1; off by default on CPU), so "all" equal
 to "target_only" is also look-ahead equal to stock MTP.
 
-One more server runs all four with a fault injected into dynamic-draft's per-slot capture on TP rank 1
-only (tests/e2e/inject_fault: a sitecustomize on the engine's PYTHONPATH, set through that variant's
-profile env and so in no other process, launcher or production): every rank must turn dynamic-draft off
-together at the same draft slot -- no hang (each request is bounded), no split -- and keep serving the
-same tokens, with `radiance status` naming the rank that faulted.
+One more server runs all four with three faults injected (tests/e2e/inject_fault: a sitecustomize on the
+engine's PYTHONPATH, set through that variant's profile env and so in no other process, launcher or
+production), one bring-up for all three:
+* dynamic-draft's per-slot capture raises on TP rank 1: every rank turns dynamic-draft off together at the
+  same draft slot;
+* fp8-stream's epilogue raises on TP rank 0 mid-forward: every rank turns the stream off together at the
+  same forward (the fault rides the next forward's first all-reduce);
+* the fused two-rank all-reduce op returns a wrong sum on TP rank 1: its load-time self-test finds it and
+  it is off on both ranks, one line each saying why.
+No hang (each request is bounded), no split: the server keeps serving the same tokens, and `radiance
+status` names the rank that faulted.
 """
 from __future__ import annotations
 
@@ -52,6 +58,9 @@ VARIANTS = {  # name -> features turned off (the rest as the profile ships them)
     "stock": OFF,
 }
 FAULT_ENV = {"E2E_FAULT_RANK": "1", "E2E_FAULT_AFTER": "40",
+             # 7 epilogues a forward: past the load's dummy runs, inside the first prompts
+             "E2E_FP8_FAULT_RANK": "0", "E2E_FP8_FAULT_AFTER": "200",
+             "E2E_FUSED_AR_PLANT_RANK": "1",
              "PYTHONPATH": str(Path(__file__).resolve().parent / "inject_fault")}
 # dynamic-draft's look-ahead is off by default on CPU; forced on for the variants that run it (the
 # deferred decisions, and the fault flags travelling with a slot, on real vLLM at TP=2)
@@ -138,6 +147,9 @@ def test_all_four_applied_and_the_gate_passed(served):
                for ln in installed), installed
     assert "w4-drafter converted 4 drafter linears" in log and "int4-head: lm_head" in log
     assert "latched off" not in log
+    proved = [ln for ln in log.splitlines() if "fused two-rank all-reduce epilogue proved itself" in ln]
+    assert len(proved) == 2 and all("bit for bit against gloo at M=1, 5, 64" in ln for ln in proved), proved
+    assert "epilogue is off" not in log
 
 
 def test_draft_side_features_are_lossless(served):
@@ -185,5 +197,29 @@ def test_a_fault_on_one_rank_turns_dynamic_draft_off_on_every_rank_together(serv
     patches = {p["feature"]: p for p in got["status"]["patches"] if p["feature"]}
     assert patches["dynamic_draft"]["status"] == "failed-at-runtime", patches["dynamic_draft"]
     assert "rank 1" in patches["dynamic_draft"]["reason"]
-    assert patches["fp8_stream"]["status"] == "applied"
     assert got["status"]["ready"] is True
+
+
+def test_a_fault_in_fp8_stream_on_one_rank_turns_it_off_on_every_rank_together(served):
+    got = served["fault"]
+    log = got["log"]
+    assert "injected fault (test) after 200 fp8-stream epilogues" in log, log[-3000:]
+    latched = [ln for ln in log.splitlines() if "fp8_stream latched off at run time" in ln]
+    assert len(latched) == 2, latched  # rank 0 with its fault, rank 1 told by the all-reduce
+    assert any("fault on TP rank 0 at forward" in ln and "injected fault" in ln for ln in latched), latched
+    assert any("TP rank(s) 0 faulted at forward" in ln for ln in latched), latched
+    forwards = {ln.split(" at forward ")[1].split(":")[0].split(";")[0] for ln in latched}
+    assert len(forwards) == 1, latched  # the same forward on both ranks
+    row = next(p for p in got["status"]["patches"] if p["feature"] == "fp8_stream")
+    assert row["status"] == "failed-at-runtime", row
+    assert "rank 0: fault on TP rank 0" in row["reason"] and "rank 1: TP rank(s) 0 faulted" in row["reason"], row
+    # the outputs: test_a_fault_on_one_rank_turns_dynamic_draft_off_on_every_rank_together compares them
+
+
+def test_a_planted_all_reduce_difference_turns_the_fused_epilogue_off_on_both_ranks(served):
+    log = served["fault"]["log"]
+    off = [ln for ln in log.splitlines() if "the fused two-rank all-reduce epilogue is off on every rank" in ln]
+    assert len(off) == 2, log[-3000:]  # one line per rank, the same verdict
+    assert all("(rank 1: M=1: sum (new residual): 1 of 256 differ against gloo's all-reduce + add_rms_quant)"
+               in ln for ln in off), off
+    assert "proved itself" not in log

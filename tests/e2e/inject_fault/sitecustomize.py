@@ -1,38 +1,76 @@
-"""Test-only: make dynamic-draft's capture raise on one TP rank, after a number of draft slots.
+"""Test-only faults, each on one TP rank, in the engine's processes (loaded through PYTHONPATH by
+tests/e2e/test_tiny_tp2.py's "fault" variant and nowhere else: the production code has no fault switch).
 
-Loaded through PYTHONPATH by tests/e2e/test_tiny_tp2.py (the "fault" variant) and nowhere else: the
-production code has no fault switch. E2E_FAULT_RANK names the TP rank, E2E_FAULT_AFTER how many slots
-it serves first. The wrapped function is the per-slot shard reduction the controller's exchange needs,
-so the fault lands where a real kernel failure would: before the ranks exchange the slot's numbers.
+* E2E_FAULT_RANK / E2E_FAULT_AFTER: dynamic-draft's per-slot shard reduction raises on that rank after
+  that many draft slots -- before the ranks exchange the slot's numbers, where a real kernel failure would.
+* E2E_FP8_FAULT_RANK / E2E_FP8_FAULT_AFTER: fp8-stream's epilogue past its all-reduce (residual add +
+  RMSNorm + fp8 quant) raises on that rank after that many calls -- inside the contract, mid-forward.
+* E2E_FUSED_AR_PLANT_RANK: the fused two-rank all-reduce op returns a sum one step off in one element on
+  that rank -- what a wrong peer read would give -- so its load-time self-test must find it.
 """
 import os
 
-_RANK = os.environ.get("E2E_FAULT_RANK")
+_DD_RANK = os.environ.get("E2E_FAULT_RANK")
+_FP8_RANK = os.environ.get("E2E_FP8_FAULT_RANK")
+_PLANT_RANK = os.environ.get("E2E_FUSED_AR_PLANT_RANK")
 
-if _RANK is not None:
-    import radiance.plugin as _plugin
 
-    _real_register = _plugin.register
-    _AFTER = int(os.environ.get("E2E_FAULT_AFTER", "0"))
+def _rank() -> int:
+    from vllm.distributed import get_tensor_model_parallel_rank
 
-    def register():
-        _real_register()
+    return get_tensor_model_parallel_rank()
+
+
+def _fault_after(real, rank: int, after: int, what: str):
+    calls = [0]
+
+    def wrapped(*args, **kwargs):
+        if _rank() == rank:
+            calls[0] += 1
+            if calls[0] > after:
+                raise RuntimeError(f"injected fault (test) after {after} {what}")
+        return real(*args, **kwargs)
+
+    return wrapped
+
+
+def _inject() -> None:
+    if _DD_RANK is not None:
         try:
             from radiance.draft import patch_proposer
         except Exception:
-            return
-        real = patch_proposer.shard_stats
-        calls = [0]
+            pass
+        else:
+            patch_proposer.shard_stats = _fault_after(patch_proposer.shard_stats, int(_DD_RANK),
+                                                      int(os.environ.get("E2E_FAULT_AFTER", "0")), "draft slots")
+    if _FP8_RANK is not None:
+        from radiance.fp8_stream import contract
 
-        def shard_stats(*args, **kwargs):
-            from vllm.distributed import get_tensor_model_parallel_rank
+        contract._norm_quant = _fault_after(contract._norm_quant, int(_FP8_RANK),
+                                            int(os.environ.get("E2E_FP8_FAULT_AFTER", "0")), "fp8-stream epilogues")
+    if _PLANT_RANK is not None:
+        from radiance.fp8_stream import fused_allreduce
 
-            if get_tensor_model_parallel_rank() == int(_RANK):
-                calls[0] += 1
-                if calls[0] > _AFTER:
-                    raise RuntimeError(f"injected fault (test) after {_AFTER} draft slots")
-            return real(*args, **kwargs)
+        real_op = fused_allreduce._TP2_OP
 
-        patch_proposer.shard_stats = shard_stats
+        def planted(*args, **kwargs):
+            q, scale, residual = real_op(*args, **kwargs)
+            if _rank() == int(_PLANT_RANK):
+                residual = residual.clone()
+                flat = residual.view(-1)
+                flat[0] = flat[0] + flat[0].abs().clamp_min(1.0)  # the sum off in one element
+            return q, scale, residual
+
+        fused_allreduce._TP2_OP = planted
+
+
+if _DD_RANK is not None or _FP8_RANK is not None or _PLANT_RANK is not None:
+    import radiance.plugin as _plugin
+
+    _real_register = _plugin.register
+
+    def register():
+        _real_register()
+        _inject()
 
     _plugin.register = register

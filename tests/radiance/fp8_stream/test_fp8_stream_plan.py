@@ -296,9 +296,7 @@ def test_stream_forward_dataflow(dense_core, monkeypatch):
     partial_attn = torch.randn(5, k).to(torch.bfloat16)
     partial_mlp = torch.randn(5, k).to(torch.bfloat16)
     reduced = []
-    from radiance.fp8_stream import fused_allreduce
-
-    monkeypatch.setattr(fused_allreduce, "_all_reduce", lambda x: reduced.append(x) or x * 2)
+    monkeypatch.setattr(contract, "_all_reduce", lambda x: reduced.append(x) or x * 2)
     contract.install(dense_core, plan_stream(dense_core, 2, 1))
     layer.self_attn = _Recorder(partial_attn)
     layer.mlp = _Recorder(partial_mlp)
@@ -320,6 +318,81 @@ def test_stream_forward_dataflow(dense_core, monkeypatch):
     assert dt1 == dt2 == torch.bfloat16 and layer.mlp.seen.size(0) == 5
     assert out is partial_mlp  # stays partial: the next layer (or model.norm) finishes it
     assert torch.equal(new_residual, r2)
+
+
+def test_a_fault_in_an_epilogue_runs_stock_arithmetic_is_agreed_then_takes_the_contract_off(dense_core,
+                                                                                            monkeypatch):
+    """One rank (here the only one): the faulted site and every later one run norm(all_reduce(partial))
+    at the same all-reduces; the next forward's carrier all-reduce carries the fault, every rank latches
+    there; the forward after that takes the contract off at its first layer."""
+    torch.manual_seed(1)
+    k = dense_core.config.hidden_size
+    layer = dense_core.layers[3]
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        norm.weight.data = (torch.randn(k) * 0.1).to(torch.bfloat16)
+    reduced = []
+    monkeypatch.setattr(contract, "_all_reduce", lambda x: reduced.append(x.numel()) or x.clone())
+    done = contract.install(dense_core, plan_stream(dense_core, 2, 1))
+    assert done.run.carrier == (dense_core.layers[0], "mid")  # the first streamed site in layer order
+    done.run.carrier = (layer, "in")  # this test drives layer 3 alone
+    agreed = []
+    done.run.on_agreed = lambda faulted, forward, mine: agreed.append((faulted, forward, mine))
+    calls = []
+
+    def faulty(*args):
+        calls.append(1)
+        raise RuntimeError("planted epilogue fault")
+
+    monkeypatch.setattr(contract, "_norm_quant", faulty)
+    layer.self_attn = _Recorder(torch.randn(5, k).to(torch.bfloat16))
+    layer.mlp = _Recorder(torch.randn(5, k).to(torch.bfloat16))
+    prev = torch.randn(5, k).to(torch.bfloat16)
+    residual = (torch.randn(5, k) * 4).to(torch.bfloat16)
+    try:
+        layer(hidden_states=prev, residual=residual, positions=torch.arange(5))
+        # the carrier's all-reduce is one element longer; the fault came after it, at its epilogue
+        assert reduced == [5 * k + 1, 5 * k] and len(calls) == 1 and not agreed
+        assert done.run.fault.startswith("layer 3 in epilogue: RuntimeError: planted epilogue fault")
+        want_x, want_r = layer.input_layernorm(prev.clone(), residual.clone())
+        assert torch.equal(layer.self_attn.seen, want_x)  # bf16, the stock norm: the consumer quantises
+        layer(hidden_states=prev, residual=residual, positions=torch.arange(5))
+        assert len(agreed) == 1 and agreed[0][:2] == ([0], 2)  # rank 0 faulted, agreed at forward 2
+        assert agreed[0][2].startswith("layer 3 in epilogue: RuntimeError")
+        assert done.run.latched == "TP rank(s) 0 faulted at forward 2" and done.run.fault is None
+        assert len(calls) == 1  # latched: no epilogue runs any more
+        first = dense_core.layers[0]
+        monkeypatch.setattr(type(first), "forward", lambda self, **kw: ("stock", kw["residual"]))
+        assert first(hidden_states=prev, residual=None, positions=torch.arange(5)) == ("stock", None)
+        assert contract.installed(dense_core) is None  # taken off at the forward's first layer
+    finally:
+        contract.uninstall(dense_core)
+
+
+def test_fused_epilogue_self_test_passes_and_a_planted_difference_fails_it(dense_core, monkeypatch):
+    """prove() on this process's one-rank group: the op against the group's all-reduce + add_rms_quant,
+    bit for bit (a one-rank group is enough for the comparison and the verdict gather)."""
+    from radiance.fp8_stream import fused_allreduce as fa
+
+    k = dense_core.config.hidden_size
+    weight = (torch.randn(k) * 0.1).to(torch.bfloat16)
+    monkeypatch.setattr(fa, "_PROVEN", {})
+    assert fa.prove(weight, 1e-6, 0, torch.float8_e4m3fn, torch.bfloat16, torch.device("cpu")) == (True, "")
+    real = fa._TP2_OP
+
+    def planted(*args):
+        q, scale, residual = real(*args)
+        residual = residual.clone()
+        residual.view(-1)[3] += 1.0
+        return q, scale, residual
+
+    monkeypatch.setattr(fa, "_TP2_OP", planted)
+    monkeypatch.setattr(fa, "_PROVEN", {})
+    ok, why = fa.prove(weight, 1e-6, 0, torch.float8_e4m3fn, torch.bfloat16, torch.device("cpu"))
+    assert not ok and why == (f"rank 0: M=1: sum (new residual): 1 of {k} differ against gloo's all-reduce "
+                              "+ add_rms_quant"), why
+    monkeypatch.setattr(fa, "_PROVEN", {})
+    ok, why = fa.prove(None, 1e-6, 0, torch.float8_e4m3fn, torch.bfloat16, torch.device("cpu"))
+    assert not ok and why == "rank 0: the stream is not installed on this rank"
 
 
 # --- the Patch -----------------------------------------------------------------------------
