@@ -125,6 +125,15 @@ class Client:
             raise RequestFailed(f"completion without text: {str(choices[0])[:200]!r}")
         return text, _completion_tokens(body)
 
+    async def completion_choice(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The first choice of a ``/v1/completions`` answer as a dict, vLLM's own fields included
+        (``token_ids``, ``prompt_token_ids``, ``prompt_logprobs``: ask for them through ``extra_body``)."""
+        body = await self._call("POST /v1/completions", lambda: self._openai.completions.create(**params))
+        choices = getattr(body, "choices", None) or []
+        if not choices:
+            raise RequestFailed(f"completion without choices: {str(body)[:200]!r}")
+        return choices[0].model_dump()
+
     async def chat(self, params: dict[str, Any]) -> tuple[str, int]:
         """(content, completion tokens) of a ``/v1/chat/completions`` answer."""
         body = await self._call("POST /v1/chat/completions",

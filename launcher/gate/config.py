@@ -1,8 +1,8 @@
 """The gate's settings, as a profile's ``gate:`` section (pydantic v2, unknown keys rejected).
 
-Thresholds have no defaults on purpose: a number the profile did not state is not checked (acceptance,
-reported as informational) or is required (GSM8K threshold once GSM8K is enabled), so that no gate
-passes or fails on a figure nobody chose.
+Thresholds have no defaults on purpose: a number the profile did not state is not checked (acceptance and
+the target check, reported as informational) or is required (GSM8K threshold once GSM8K is enabled), so
+that no gate passes or fails on a figure nobody chose.
 """
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "data" / "prompts"
+TARGET_DIR = Path(__file__).resolve().parent.parent / "data" / "target"
+# References recorded here and shipped with the package (the tiny profiles'), found by name.
+REFERENCES_DIR = TARGET_DIR / "references"
 GSM8K_TEST_SIZE = 1319
 PACKAGED_SHOTS = 5  # launcher/data/gsm8k/train_shots.jsonl holds train[0:5]
 
@@ -24,6 +27,24 @@ def shipped_prompt_sets() -> list[str]:
 
 def is_prompt_set_path(value: str) -> bool:
     return value.endswith(".jsonl") or "/" in value or "\\" in value
+
+
+def shipped_held_texts() -> list[str]:
+    return sorted(p.stem for p in TARGET_DIR.glob("v*.txt"))
+
+
+def is_path(value: str, suffix: str) -> bool:
+    return value.endswith(suffix) or "/" in value or "\\" in value
+
+
+def _check_prompt_set(v: str) -> str:
+    if is_prompt_set_path(v):
+        return v  # a user file; read (and reported if missing) when the gate runs
+    shipped = shipped_prompt_sets()
+    if not _VERSION_NAME.match(v) or v not in shipped:
+        raise ValueError(f"unknown prompt set {v!r} — fix: one of {', '.join(shipped) or '(none shipped)'}"
+                         " or a path to a .jsonl file")
+    return v
 
 
 class _Section(BaseModel):
@@ -91,16 +112,7 @@ class AcceptanceConfig(_Section):
             raise ValueError(f"{bad} are not fractions — fix: rates between 0 and 1, one per draft position")
         return v
 
-    @field_validator("prompt_set")
-    @classmethod
-    def _prompt_set(cls, v: str) -> str:
-        if is_prompt_set_path(v):
-            return v  # a user file; read (and reported if missing) when the gate runs
-        shipped = shipped_prompt_sets()
-        if not _VERSION_NAME.match(v) or v not in shipped:
-            raise ValueError(f"unknown prompt set {v!r} — fix: one of {', '.join(shipped) or '(none shipped)'}"
-                             " or a path to a .jsonl file")
-        return v
+    _prompt_set = field_validator("prompt_set")(classmethod(lambda cls, v: _check_prompt_set(v)))
 
     @model_validator(mode="after")
     def _baseline_rule(self) -> "AcceptanceConfig":
@@ -162,7 +174,70 @@ class Gsm8kConfig(_Section):
         return None if self.threshold is None else self.threshold - self.tolerance
 
 
+class TargetConfig(_Section):
+    """The target-side check: is the model the features serve still the model stock vLLM serves?
+
+    Two measurements against a reference recorded from a stock run (``radiance gate PROFILE
+    --record-reference``): the mean negative log-likelihood per token of a fixed held text, scored through
+    the endpoint's prompt logprobs, and greedy agreement on a prompt set (tokens before the first
+    difference per prompt, and the share of prompts identical to the end). Draft-side features must not
+    move either; target-side ones (int4-head, fp8-stream) move them by what they cost.
+    """
+    enabled: bool = True
+    # A reference shipped with the package (its name, under launcher/data/target/references/) or a path
+    # to a JSON file. None: <state dir>/references/<profile name>.json, where --record-reference writes.
+    reference: str | None = None
+    held_text: str = "v1"          # launcher/data/target/<name>.txt, or a path to a text file
+    prompt_set: str = "v1"         # the acceptance check's prompt sets (completions, no chat template)
+    max_tokens: int = Field(32, ge=1, le=4096)
+    # How far the mean NLL (nats per token) may rise above the reference's; None: not checked.
+    max_nll_increase: float | None = Field(None, ge=0)
+    # Tokens before the first difference, summed over the prompts, over the reference's tokens; None: not
+    # checked.
+    min_prefix_agreement: float | None = None
+    # The share of prompts whose greedy output equals the reference's to the end; None: not checked.
+    min_full_agreement: float | None = None
+    timeout_s: float = Field(300.0, gt=0)
+    retries: int = Field(2, ge=0, le=10)
+
+    @field_validator("min_prefix_agreement", "min_full_agreement")
+    @classmethod
+    def _share(cls, v: float | None) -> float | None:
+        if v is not None and not 0.0 <= v <= 1.0:
+            raise ValueError(f"{v} is not a share — fix: a fraction between 0 and 1, e.g. 0.9")
+        return v
+
+    @field_validator("held_text")
+    @classmethod
+    def _held_text(cls, v: str) -> str:
+        if is_path(v, ".txt"):
+            return v  # a user file; read (and reported if missing) when the gate runs
+        shipped = shipped_held_texts()
+        if not _VERSION_NAME.match(v) or v not in shipped:
+            raise ValueError(f"unknown held text {v!r} — fix: one of {', '.join(shipped) or '(none shipped)'}"
+                             " or a path to a .txt file")
+        return v
+
+    _prompt_set = field_validator("prompt_set")(classmethod(lambda cls, v: _check_prompt_set(v)))
+
+    @field_validator("reference")
+    @classmethod
+    def _reference(cls, v: str | None) -> str | None:
+        if v is None or is_path(v, ".json"):
+            return v
+        shipped = sorted(p.stem for p in REFERENCES_DIR.glob("*.json"))
+        if v not in shipped:
+            raise ValueError(f"no shipped reference named {v!r} — fix: one of {', '.join(shipped) or '(none)'}, "
+                             "a path to a .json file, or remove the key (then --record-reference writes one)")
+        return v
+
+    def thresholds_set(self) -> bool:
+        return any(x is not None for x in (self.max_nll_increase, self.min_prefix_agreement,
+                                           self.min_full_agreement))
+
+
 class GateConfig(_Section):
     smoke: SmokeConfig = SmokeConfig()
+    target: TargetConfig = TargetConfig()
     acceptance: AcceptanceConfig = AcceptanceConfig()
     gsm8k: Gsm8kConfig = Gsm8kConfig()

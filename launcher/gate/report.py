@@ -42,6 +42,9 @@ def key_metrics(check: CheckResult) -> str:
         lo, hi = m.get("wilson95", [None, None])
         return (f"acc {_fmt(m['accuracy'])} [{_fmt(lo)}, {_fmt(hi)}] n={m.get('num_questions')}, "
                 f"strict {_fmt(m.get('strict_accuracy'))}, flexible {_fmt(m.get('flexible_accuracy'))}")
+    if check.name == "target" and "nll_increase" in m:
+        return (f"NLL {m['nll_increase']:+.4f} vs stock, prefix {_fmt(m.get('prefix_agreement'))}, "
+                f"identical {m.get('prompts_identical')}/{m.get('prompts')}")
     if check.name == "smoke" and "completion_tokens" in m:
         return f"{m['completion_tokens']} tokens, {_fmt(m.get('latency_s'), 2)} s"
     return ""

@@ -1,4 +1,4 @@
-"""Run the gate against an OpenAI-compatible endpoint: smoke, acceptance, GSM8K, in that order.
+"""Run the gate against an OpenAI-compatible endpoint: smoke, target, acceptance, GSM8K, in that order.
 
 ``run_gate`` is the blocking entry point (CLI); code already inside an event loop (the gateway) awaits
 ``run_gate_async`` instead, so that the loop keeps answering ``/v1/health/live`` while the gate runs.
@@ -16,13 +16,14 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
-from . import acceptance, gsm8k
+from . import acceptance, gsm8k, target
 from .client import Client, EndpointUnreachable, RequestFailed, endpoint_root, redact_url
 from .config import GateConfig
 from .result import CheckResult, GateReport
@@ -39,10 +40,11 @@ REDACTED = "***"
 
 def run_gate(cfg: GateConfig, base_url: str, *, model: str, api_key: str | None = None,
              progress: bool = True, context: dict | None = None,
-             baseline_url: str | None = None) -> GateReport:
+             baseline_url: str | None = None, reference: Path | None = None,
+             identity: dict | None = None) -> GateReport:
     """Blocking form of :func:`run_gate_async` (runs it on a private loop if one is already running)."""
     coro = run_gate_async(cfg, base_url, model=model, api_key=api_key, progress=progress, context=context,
-                          baseline_url=baseline_url)
+                          baseline_url=baseline_url, reference=reference, identity=identity)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -53,16 +55,20 @@ def run_gate(cfg: GateConfig, base_url: str, *, model: str, api_key: str | None 
 
 async def run_gate_async(cfg: GateConfig, base_url: str, *, model: str, api_key: str | None = None,
                          progress: bool = True, context: dict | None = None,
-                         baseline_url: str | None = None) -> GateReport:
+                         baseline_url: str | None = None, reference: Path | None = None,
+                         identity: dict | None = None) -> GateReport:
     """Run every enabled check. ``context`` (profile name and hash, versions, arch, features applied and
     declined, ...) is copied into the report; its ``drafter`` entry, when ``"none"``, skips acceptance.
-    ``baseline_url``: the same profile served with its features off, for ``acceptance.baseline``."""
+    ``baseline_url``: the same profile served with its features off, for ``acceptance.baseline``.
+    ``reference``: the target check's stock reference (default: found for ``context["profile"]``, see
+    ``target.reference_path``); ``identity``: the profile's model, dtype, quantisation and TP, which the
+    reference must have been recorded with (None: not compared)."""
     started = _now()
     t0 = time.perf_counter()
     context = dict(context or {})
-    served = await _preflight(base_url, api_key)
+    served = await preflight(base_url, api_key)
     if baseline_url is not None and cfg.acceptance.enabled and cfg.acceptance.baseline:
-        await _preflight(baseline_url, api_key)
+        await preflight(baseline_url, api_key)
 
     checks: list[CheckResult] = []
     with _Progress(progress) as bar:
@@ -74,6 +80,13 @@ async def run_gate_async(cfg: GateConfig, base_url: str, *, model: str, api_key:
         else:
             checks.append(CheckResult("smoke", "skipped", "disabled in the profile"))
         blocked = checks[0].blocking
+
+        result = _skipped("target", cfg.target.enabled, blocked)
+        if result is None:
+            start, step = bar.hooks("target check")
+            result = await _timed("target", lambda: _target(
+                cfg, base_url, api_key, model, context, reference, identity, start, step))
+        checks.append(result)
 
         result = _skipped("acceptance", cfg.acceptance.enabled, blocked)
         if result is None:
@@ -106,7 +119,7 @@ async def run_gate_async(cfg: GateConfig, base_url: str, *, model: str, api_key:
 
 # -- checks ----------------------------------------------------------------------------
 
-async def _preflight(base_url: str, api_key: str | None) -> list[str]:
+async def preflight(base_url: str, api_key: str | None) -> list[str]:
     where = redact_url(endpoint_root(base_url))
     async with Client(base_url, api_key=api_key, timeout_s=_PREFLIGHT_TIMEOUT_S, retries=_PREFLIGHT_RETRIES,
                       concurrency=1) as client:
@@ -147,6 +160,21 @@ async def _acceptance(cfg: GateConfig, base_url: str, baseline_url: str | None, 
                                          on_progress=step)
 
 
+async def _target(cfg: GateConfig, base_url: str, api_key: str | None, model: str, context: dict,
+                  reference: Path | None, identity: dict | None, start: Callable,
+                  step: Callable) -> tuple[str, str, dict]:
+    t = cfg.target
+    name = context.get("profile")
+    if reference is None:
+        reference = target.reference_path(t, name)
+    fix = ("record one from a stock run with `radiance gate PROFILE --record-reference`"
+           + (f" (it writes {target.recorded_path(name)})" if name else "")
+           + ", or set gate.target.enabled: false")
+    async with Client(base_url, api_key=api_key, timeout_s=t.timeout_s, retries=t.retries, concurrency=1) as client:
+        return await target.evaluate(client, t, model=model, reference=reference, ident=identity, fix=fix,
+                                     on_start=start, on_progress=step)
+
+
 async def _gsm8k(cfg: GateConfig, base_url: str, api_key: str | None, model: str,
                  start: Callable, step: Callable) -> tuple[str, str, dict]:
     g = cfg.gsm8k
@@ -168,7 +196,8 @@ async def _timed(name: str, fn: Callable[[], Awaitable[tuple[str, str, dict]]]) 
     t0 = time.perf_counter()
     try:
         status, reason, metrics = await fn()
-    except (RequestFailed, acceptance.PromptSetError, gsm8k.Gsm8kDataError, ValueError) as exc:
+    except (RequestFailed, acceptance.PromptSetError, gsm8k.Gsm8kDataError, target.TargetDataError,
+            ValueError) as exc:
         status, reason, metrics = "error", str(exc), {}
     except Exception as exc:  # a check must never take the gate down without a report
         status, reason, metrics = "error", f"{type(exc).__name__}: {exc}", {}

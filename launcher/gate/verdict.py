@@ -30,6 +30,7 @@ async def run(profile: Profile, engine_url: str, *, context: dict, engine_key: s
     """``patches``: what the engine says of its patches (read after the gate's traffic, the first the
     engine serves: its report rides its first steps), recorded in the report's context."""
     from . import report as gate_report
+    from . import target
     from .runner import run_gate_async
 
     if envs.get("RADIANCE_GATE_FORCE_FAIL"):
@@ -40,7 +41,7 @@ async def run(profile: Profile, engine_url: str, *, context: dict, engine_key: s
     # The gate talks to the engine directly (its socket, its key): the gateway proxies nothing until the
     # gate has passed.
     report = await run_gate_async(profile.gate, engine_url, model=profile.served_name(), api_key=engine_key,
-                                  progress=False, context=context)
+                                  progress=False, context=context, identity=target.identity(profile))
     if patches is not None:
         report.context["patches"] = (await patches()).patches
     path = gate_report.save(report, paths.reports_dir())

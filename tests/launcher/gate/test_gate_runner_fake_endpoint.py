@@ -2,7 +2,9 @@
 
 A unit test of the gate faking the endpoint boundary only: HTTP, retries, counters, scoring and the
 report are real; the "model" answers GSM8K from the gold answers and bumps spec-decode counters by a
-fixed amount per completion. The end-to-end gate against real vLLM lives in tests/e2e.
+fixed amount per completion, scores prompts at a fixed log-likelihood per character and answers greedy
+requests with token ids derived from the prompt (vLLM's prompt_logprobs and return_token_ids). The
+end-to-end gate against real vLLM lives in tests/e2e.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from launcher.gate import EndpointUnreachable, GateConfig, acceptance, client, g
 from launcher.gate.report import render_html
 
 MODEL = "fake-model"
+# The gate's defaults without the target check (which needs a reference; test_gate_target.py has it)
+OFF = GateConfig(target={"enabled": False})
 SECRET = "sk-test-0123456789abcdef"
 
 
@@ -33,6 +37,9 @@ class FakeOpenAI:
     always_fail_question: int | None = None
     smoke_text: str = " Paris."
     models: tuple = (MODEL,)
+    nll: float = 1.5              # nats per token of every scored prompt token
+    diverge_at: int | None = None  # greedy outputs differ from the undamaged ones from this token on
+    diverge_prompts: int = 10**6   # ... in this many prompts (the first ones asked)
     counters: dict = field(default_factory=lambda: {"drafts": 0, "tokens": 0, "accepted": 0, "pos": [0, 0, 0]})
     requests: list = field(default_factory=list)
 
@@ -59,6 +66,8 @@ class FakeOpenAI:
             self._failed += 1
             return web.json_response({"error": {"message": "busy"}}, status=503)
         prompt = body["prompt"]
+        if body.get("prompt_logprobs") is not None or body.get("return_token_ids"):
+            return web.json_response(self._token_answer(body))
         if "\nAnswer:" in prompt and prompt.endswith("Answer:"):
             question = prompt.rsplit("Question: ", 1)[1][: -len("\nAnswer:")]
             i, gold = self._gold[question]
@@ -79,6 +88,25 @@ class FakeOpenAI:
             c["pos"] = [x + y for x, y in zip(c["pos"], pos, strict=True)]
         return web.json_response({"choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
                                   "usage": {"completion_tokens": 7}})
+
+    def _token_answer(self, body: dict) -> dict:
+        """vLLM's shape: prompt_token_ids + prompt_logprobs (first entry null), or the output's token_ids.
+        One token per character; the greedy tokens follow from the prompt alone."""
+        prompt = body["prompt"]
+        ids = [ord(c) % 4096 for c in prompt]
+        choice = {"index": 0, "text": "x", "finish_reason": "length", "prompt_token_ids": ids}
+        if body.get("prompt_logprobs") is not None:
+            choice["prompt_logprobs"] = [None] + [{str(t): {"logprob": -self.nll, "rank": 1, "decoded_token": "c"}}
+                                                  for t in ids[1:]]
+            choice["token_ids"] = [1]
+        else:
+            seed = sum(ids) % 4096
+            out = [(seed + 7 * i) % 4096 for i in range(body["max_tokens"])]
+            self._greedy_seen = getattr(self, "_greedy_seen", 0) + 1
+            if self.diverge_at is not None and self._greedy_seen <= self.diverge_prompts:
+                out = out[:self.diverge_at] + [(t + 1) % 4096 for t in out[self.diverge_at:]]
+            choice["token_ids"] = out
+        return {"choices": [choice], "usage": {"completion_tokens": len(choice["token_ids"])}}
 
     async def chat(self, request):
         # Like vLLM serving a model without a chat template.
@@ -140,7 +168,9 @@ def _fast_waits(monkeypatch):
 
 
 def _cfg(**sections) -> GateConfig:
-    base = {"acceptance": {"min_mean_acceptance_length": 2.0, "min_per_position": [0.7, 0.4]},
+    # The target check has its own tests (test_gate_target.py); off here unless a test turns it on.
+    base = {"target": {"enabled": False},
+            "acceptance": {"min_mean_acceptance_length": 2.0, "min_per_position": [0.7, 0.4]},
             "gsm8k": {"enabled": True, "threshold": 0.75, "tolerance": 0.1, "num_questions": 40, "seed": 3}}
     for k, v in sections.items():
         base[k] = {**base.get(k, {}), **v}
@@ -153,7 +183,7 @@ def test_fake_endpoint_gate_passes_with_reachable_thresholds():
         report = run_gate(_cfg(), url, model=MODEL, progress=False,
                           context={"profile": "tiny", "profile_hash": "abc123", "drafter": "mtp"})
     assert report.passed, report.reason
-    assert [c.status for c in report.checks] == ["pass", "pass", "pass"]
+    assert [c.status for c in report.checks] == ["pass", "skipped", "pass", "pass"]
     acc = report.check("acceptance").metrics
     assert acc["mean_acceptance_length"] == pytest.approx(2.5)
     assert acc["acceptance_rate"] == pytest.approx(0.5)
@@ -184,15 +214,14 @@ def test_fake_endpoint_gate_fails_with_unreachable_thresholds():
         report = run_gate(_cfg(acceptance={"min_mean_acceptance_length": 3.5},
                                gsm8k={"threshold": 0.99, "tolerance": 0.0}), url, model=MODEL, progress=False)
     assert not report.passed
-    assert [c.status for c in report.checks] == ["pass", "fail", "fail"]
+    assert [c.status for c in report.checks] == ["pass", "skipped", "fail", "fail"]
     assert report.reason.startswith("acceptance fail: mean acceptance length 2.500 < 3.5")
     assert "< 0.99 − 0 = 0.990" in report.check("gsm8k").reason
 
 
 def test_fake_endpoint_without_drafter_skips_acceptance():
-    cfg = GateConfig.model_validate({})
     with FakeOpenAI(drafter=False) as url:
-        report = run_gate(cfg, url, model=MODEL, progress=False)
+        report = run_gate(OFF, url, model=MODEL, progress=False)
     assert report.passed
     assert report.check("acceptance").status == "skipped"
     assert "without a drafter" in report.check("acceptance").reason
@@ -205,7 +234,7 @@ def test_fake_endpoint_without_drafter_skips_acceptance():
 def test_fake_endpoint_drafter_none_in_context_skips_without_requests():
     fake = FakeOpenAI()
     with fake as url:
-        report = run_gate(GateConfig(), url, model=MODEL, progress=False, context={"drafter": "none"})
+        report = run_gate(OFF, url, model=MODEL, progress=False, context={"drafter": "none"})
     assert report.check("acceptance").status == "skipped"
     assert len(fake.requests) == 1  # only the smoke completion
 
@@ -218,13 +247,13 @@ def _free_port() -> int:
 
 def test_unreachable_endpoint_raises_not_fails():
     with pytest.raises(EndpointUnreachable, match="did not answer"):
-        run_gate(GateConfig(), f"http://127.0.0.1:{_free_port()}", model=MODEL, progress=False)
+        run_gate(OFF, f"http://127.0.0.1:{_free_port()}", model=MODEL, progress=False)
 
 
 def test_fake_endpoint_api_key_is_sent_and_never_serialized():
     with FakeOpenAI(api_key=SECRET) as url:
         with pytest.raises(EndpointUnreachable, match="rejected the API key"):
-            run_gate(GateConfig(), url, model=MODEL, api_key="wrong", progress=False)
+            run_gate(OFF, url, model=MODEL, api_key="wrong", progress=False)
         report = run_gate(_cfg(), url, model=MODEL, api_key=SECRET, progress=False,
                           context={"api_key": SECRET, "note": f"started with {SECRET}", "api_key_env": "K"})
     assert report.passed, report.reason
@@ -249,7 +278,7 @@ def test_fake_endpoint_retries_transient_errors_and_counts_permanent_ones():
 def test_fake_endpoint_smoke_failure_skips_the_rest():
     with FakeOpenAI(smoke_text="") as url:
         report = run_gate(_cfg(), url, model=MODEL, progress=False)
-    assert [c.status for c in report.checks] == ["fail", "skipped", "skipped"]
+    assert [c.status for c in report.checks] == ["fail", "skipped", "skipped", "skipped"]
     assert report.reason == "smoke fail: the completion returned no text"
 
 
@@ -273,8 +302,8 @@ def test_fake_endpoints_baseline_comparison():
 def test_run_gate_inside_a_running_loop():
     async def caller():
         with FakeOpenAI() as url:
-            sync = run_gate(GateConfig(), url, model=MODEL, progress=False)
-            native = await run_gate_async(GateConfig(), url, model=MODEL, progress=False)
+            sync = run_gate(OFF, url, model=MODEL, progress=False)
+            native = await run_gate_async(OFF, url, model=MODEL, progress=False)
         return sync, native
 
     sync, native = asyncio.run(caller())
