@@ -155,6 +155,7 @@ def _int4_head(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
 
 # model.quantization values whose linears take the epilogue's (q, scale), and the checkpoints each serves
 # (config.json's quant_method; None: unquantised). radiance_w4 refuses asymmetric GPTQ at load, by name.
+FUSED_AR_UNVERIFIED = "unverified on this hardware"
 _STREAM_CONSUMERS = {"radiance_fp8": (None, "fp8"), "radiance_w4": (None, "fp8", "gptq")}
 _CHECKPOINTS = {None: "bf16", "fp8": "block-fp8", "gptq": "symmetric group-128 GPTQ"}
 
@@ -174,6 +175,11 @@ def _fp8_stream(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
                        f"checkpoints, not {facts.quant_method}")
     where = ("; the DFlash taps keep the stock contract at their layer boundaries"
              if s.drafter == "dflash" else "")
+    if s.tp == 2:
+        # The two-rank kernel has not yet run on two GPUs; it checks itself at load on the ranks it serves.
+        where += ("; the fused two-rank all-reduce epilogue (GPUs, RADIANCE_FP8_STREAM_FUSED_AR) is "
+                  f"{FUSED_AR_UNVERIFIED}: it checks itself against NCCL at load and is off on every rank on "
+                  "a difference")
     if facts.moe is None:
         return None, f"applies to a dense model (architecture not known){where}"
     if s.quantization == "radiance_w4":

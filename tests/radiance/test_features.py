@@ -53,6 +53,11 @@ def test_the_seeds_deployment_applies_everything():
         applies, why = applicability(name, facts, setup)
         assert applies is True, (name, why)
     assert "128x128 fp8 weights" in applicability("fp8_stream", facts, setup)[1]
+    # the fused two-rank all-reduce epilogue has not run on two GPUs yet: check says so at TP=2 only
+    assert "fused two-rank all-reduce epilogue (GPUs, RADIANCE_FP8_STREAM_FUSED_AR) is unverified on this " \
+           "hardware" in applicability("fp8_stream", facts, setup)[1]
+    assert "unverified" not in applicability("fp8_stream", facts, Setup(tp=4, drafter="mtp",
+                                                                        quantization="radiance_fp8"))[1]
 
 
 def test_the_80b_int4_applies_what_it_can_and_says_why_not():
