@@ -398,7 +398,9 @@ class DynamicDraftPatch(Patch):
             setattr(runner, CREDIT_ATTR, (req_ids, self._ring.copy(_HostRing.CREDIT, sampled.to(torch.int32))))
         else:
             self._credit_acceptance(runner, req_ids, [list(t) for t in sampled_token_ids[:b]])
-        reason = self._step_or_reason(runner, sampling_metadata, k) if b else "the batch is empty"
+        if not b:
+            return  # nothing to draft: neither a controlled step nor a stock one
+        reason = self._step_or_reason(runner, sampling_metadata, k)
         if reason is not None:
             self._decline_step(reason)
             return
