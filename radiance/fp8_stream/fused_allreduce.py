@@ -122,9 +122,9 @@ PROVE_ROWS = (1, 5, 64)  # decode, an odd block, a prefill-sized block: every M 
 
 def _known_inputs(rank: int, m: int, k: int, dtype: torch.dtype, device: torch.device):
     """A partial that differs per rank, and the residual every rank holds alike."""
-    g = torch.Generator().manual_seed(7919 * (rank + 1) + m)
-    partial = torch.randn(m, k, generator=g).to(dtype)
-    residual = torch.randn(m, k, generator=torch.Generator().manual_seed(104729 + m)).to(dtype)
+    g = torch.Generator().manual_seed(7919 * (rank + 1) + m)  # on the host: the same numbers on any device
+    partial = torch.randn(m, k, generator=g, device="cpu").to(dtype)
+    residual = torch.randn(m, k, generator=torch.Generator().manual_seed(104729 + m), device="cpu").to(dtype)
     return partial.to(device), residual.to(device)
 
 
