@@ -17,6 +17,13 @@ layer with its own forward does not), the aux-tap attribute, ``Qwen3NextRMSNorm`
 ``tensor_model_parallel_all_reduce`` and ``RowParallelLinear.forward`` (which honours
 ``reduce_results``).
 
+A worker whose target has no Qwen3-Next core reports the feature declined after the load
+(``after_load``). At TP=2 with RADIANCE_FP8_STREAM_FUSED_AR every rank runs the fused epilogue's
+self-test right after the plan (fused_allreduce.prove): it is used only where it passed on every rank.
+At run time a fault in an epilogue is agreed by the ranks over the contract's own all-reduce and the
+stream goes off on every rank in the same forward (contract.RunState; ``_on_agreed`` latches the patch
+and, on TP rank 0, reports every rank).
+
 Knobs: RADIANCE_FP8_STREAM, RADIANCE_GDN_NORM_QUANT (the fused GDN epilogue, gdn.py; read
 at install) (radiance/envs.py). The traced graph changes where the contract
 is installed, so vLLM's compile cache must be keyed on the knob (see the report).
