@@ -55,6 +55,8 @@ def variants(data: dict, scale_error: float) -> dict[str, dict]:
     out = {"stock": {"off": on, "env": {}},
            "draft-side": {"off": [f for f in on if f not in DRAFT_SIDE], "env": {}},
            "shipped": {"off": [], "env": {}}}
+    if "int4_head" in on and "fp8_stream" in on:
+        out["shipped-without-int4-head"] = {"off": ["int4_head"], "env": {}}
     if "int4_head" in on:
         out["int4-head-damaged"] = {"off": [], "env": {"E2E_HEAD_SCALE_ERROR": str(scale_error),
                                                        "PYTHONPATH": str(PLANT)}}
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", type=Path, default=None, help="use this reference (default: --record's)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", nargs="*", default=None, help="variants to run (stock, draft-side, shipped, "
-                                                            "int4-head-damaged)")
+                                                            "shipped-without-int4-head, int4-head-damaged)")
     ap.add_argument("--scale-error", type=float, default=2.0)
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="radiance-target-cal-"))

@@ -44,7 +44,7 @@ async def serve(profile, platform: str, log_path: Path) -> AsyncIterator[EngineL
             from .. import images
             from ..runtime.docker import DockerRuntime
 
-            image = profile.runtime.image or images.resolve(stock, platform)[2]
+            image = images.resolve(stock, platform)[2]
             runtime = DockerRuntime()
         else:
             from ..runtime.local import LocalRuntime

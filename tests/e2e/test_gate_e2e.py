@@ -1,7 +1,10 @@
-"""The gate against real vLLM (CPU, tiny model): pass, fail, --url, and the counters it reads."""
+"""The gate against real vLLM (CPU, tiny model): pass, fail, --url, and the counters it reads; the
+target check passes the shipped tiny profile against its shipped stock reference and fails a target whose
+int4 head carries a planted scale error (tests/e2e/plant_head_scale, on that engine's PYTHONPATH only)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -13,6 +16,7 @@ import yaml
 from .conftest import REPO, radiance, start
 
 pytestmark = pytest.mark.e2e
+PLANT = Path(__file__).resolve().parent / "plant_head_scale"
 
 
 def _profile_with(tmp_path: Path, **acceptance) -> Path:
@@ -33,10 +37,16 @@ def test_gate_url_against_running_endpoint_passes_with_json(tiny, tmp_path):
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["smoke"]["status"] == "pass" and checks["acceptance"]["status"] == "pass"
     assert checks["acceptance"]["metrics"]["num_drafts"] > 0
+    # int4-head is on: a lossy head, within the profile's stated thresholds of the shipped stock reference
+    t = checks["target"]
+    assert t["status"] == "pass" and t["metrics"]["reference"].endswith("references/tiny-cpu.json"), t
+    assert t["metrics"]["nll_increase"] <= t["metrics"]["thresholds"]["max_nll_increase"]
     # The same document `radiance up` saved for its own gate run: same checks, same metric keys.
     up_report = json.loads(Path(tiny.state()["gate_report"]).read_text())
     assert [c["name"] for c in up_report["checks"]] == [c["name"] for c in report["checks"]]
-    assert set(up_report["checks"][1]["metrics"]) == set(checks["acceptance"]["metrics"])
+    up_checks = {c["name"]: c for c in up_report["checks"]}
+    assert set(up_checks["acceptance"]["metrics"]) == set(checks["acceptance"]["metrics"])
+    assert up_checks["target"]["metrics"]["mean_nll"] == t["metrics"]["mean_nll"]
     assert "<svg" in (tmp_path / "gate.html").read_text()
 
 
@@ -71,14 +81,27 @@ def test_spec_decode_counters_match_vllms_own_log(tiny):
     assert logged() == (int(m.accepted), int(m.draft_tokens))
 
 
-def test_failing_gate_keeps_endpoint_unready_and_exits_3(tmp_path):
-    strict = _profile_with(tmp_path, min_mean_acceptance_length=2.5)
-    dep = start(tmp_path, str(strict), args=("--keep-serving-unready",))
+def test_a_damaged_target_fails_the_gate_keeps_the_endpoint_unready_and_exits_3(tmp_path):
+    """int4-head with every output row's first group scale doubled: the drafter shares the head, so its
+    drafts still agree with the (damaged) target and acceptance alone would pass it."""
+    data = yaml.safe_load((REPO / "profiles/tiny-cpu.yaml").read_text())
+    data["name"] = "tiny-damaged"
+    data["env"].update({"E2E_HEAD_SCALE_ERROR": "2.0",
+                        "PYTHONPATH": os.pathsep.join(filter(None, [str(PLANT), os.environ.get("PYTHONPATH")]))})
+    profile = tmp_path / "tiny-damaged.yaml"
+    profile.write_text(yaml.safe_dump(data))
+    dep = start(tmp_path, str(profile), args=("--keep-serving-unready",))
     try:
         assert dep.up.returncode == 3, dep.up.stdout + dep.up.stderr
         r = httpx.get(dep.base + "/v1/health/ready", timeout=5)
-        assert r.status_code == 503 and "gate failed" in r.json()["reason"]
+        reason = r.json()["reason"]
+        assert r.status_code == 503 and reason.startswith("gate failed: target fail: mean NLL +"), reason
+        assert "\n" not in reason and "nats/token against stock (allowed +" in reason
         assert httpx.post(dep.base + "/v1/completions", json={"model": "tiny", "prompt": "x"}).status_code == 503
         assert 200 not in dep.ready_codes
+        gate = json.loads(Path(dep.state()["gate_report"]).read_text())
+        target = next(c for c in gate["checks"] if c["name"] == "target")
+        print(f"\n[gate e2e] planted head scale error: {target['reason']} (acceptance: "
+              f"{next(c for c in gate['checks'] if c['name'] == 'acceptance')['reason']})")
     finally:
         dep.down()
