@@ -12,7 +12,7 @@ from . import console, errors
 
 # Each command's module is imported only when it runs: `radiance down` on a host whose cores the engine
 # saturates must send its signal in a fraction of a second, not after importing aiohttp, pydantic and the gate.
-_COMMANDS = ("check", "up", "gate", "status", "logs", "down", "gateway", "build", "export")
+_COMMANDS = ("check", "up", "gate", "bench", "status", "logs", "down", "gateway", "build", "export")
 
 
 class _Group(click.Group):

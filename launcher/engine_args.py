@@ -35,8 +35,8 @@ def resolve_model(profile: Profile, cache_dir: Path, repo_root: Path) -> tuple[s
     path = profile.model.path
     if path.startswith(BUILTIN_PREFIX):
         name = path[len(BUILTIN_PREFIX):]
-        if name.endswith("-trained"):  # committed under models/
-            model_dir = repo_root / "models" / name
+        model_dir = repo_root / "models" / name
+        if model_dir.is_dir():  # committed under models/ (trained tiny models, the 27B's config alone)
             return str(model_dir), model_dir
         from . import tinymodel
 

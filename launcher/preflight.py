@@ -95,7 +95,10 @@ def model_facts(profile: Profile) -> feature_table.ModelFacts:
     """The checkpoint's config.json where it is on this machine, else the declared architecture."""
     cfg = None
     path = profile.model.path
-    if path.startswith(BUILTIN_PREFIX):
+    if path.startswith(BUILTIN_PREFIX) and (paths.REPO_ROOT / "models" / path[len(BUILTIN_PREFIX):]
+                                            / "config.json").is_file():
+        cfg = _read_json(paths.REPO_ROOT / "models" / path[len(BUILTIN_PREFIX):] / "config.json")
+    elif path.startswith(BUILTIN_PREFIX):
         from .tinymodel import config as tiny
 
         name = path[len(BUILTIN_PREFIX):].removesuffix("-trained")

@@ -25,7 +25,9 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BUILTIN_PREFIX = "builtin:"
 # The tiny test models (launcher.tinymodel): random weights generated on first use, or the trained
 # ones committed under models/.
-BUILTIN_MODELS = ("tiny-qwen3next", "tiny-qwen3next-trained", "tiny-qwen3.5", "tiny-qwen3.5-trained")
+BUILTIN_MODELS = ("tiny-qwen3next", "tiny-qwen3next-trained", "tiny-qwen3.5", "tiny-qwen3.5-trained",
+                  # Qwen3.5-27B's config.json without weights (models/qwen3.5-27b-shape): load-format dummy
+                  "qwen3.5-27b-shape")
 # The trained tiny DFlash drafter of the trained tiny Qwen3.5, committed under models/ (tiny profiles).
 BUILTIN_DRAFTERS = ("tiny-qwen3.5-dflash",)
 

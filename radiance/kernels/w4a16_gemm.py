@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 from radiance.kernels import aot, shipped
-from radiance.kernels.dispatch import DeviceInfo, describe, device_key, use_triton  # noqa: F401
+from radiance.kernels.dispatch import DeviceInfo, describe, device_key, eager_gpu_call, use_triton  # noqa: F401
 from radiance.kernels import w4_layout as layout
 
 logger = logging.getLogger("radiance")
@@ -480,6 +480,19 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, gro
 @w4a16_gemm.register_fake
 def _w4a16_gemm_fake(x, qweight, scales, group_size):
     return x.new_empty((x.shape[0], scales.shape[1]))
+
+
+def gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The op, entered the cheapest way: eager calls on plain GPU tensors go straight to the path the op
+    would take (vLLM computes logits outside its compiled graph, so the lm_head's call per draft slot
+    would otherwise pay custom_op's Python dispatch each time); traced, fake and CPU calls go through
+    ``torch.ops.radiance.w4a16_gemm``."""
+    if eager_gpu_call(x, qweight, scales) and x.dtype in (torch.bfloat16, torch.float16):
+        _check(x, qweight, scales, group_size)
+        if x.shape[0] > LARGE_M:
+            return _dequant_matmul(x, qweight, scales, group_size)
+        return w4a16_gemm_triton(x, qweight, scales, group_size)
+    return torch.ops.radiance.w4a16_gemm(x, qweight, scales, group_size)
 
 
 # --------------------------------------------------------------------------------------

@@ -19,6 +19,10 @@ The module keeps its name and class; only ``quant_method`` changes, and
 zero codes and scales. The MTP drafter aliases the target's head after it loads
 (``_maybe_share_lm_head``), so every draft step uses the 4-bit head too.
 
+On a GPU the 4-bit head must also earn its place: it is timed against the bf16 head at every decode step
+shape the deployment can produce (verification rows B x (k + 1), and the MTP drafter's B rows per slot)
+and declined if it is slower at any B (``radiance.lmhead_int4.speed``).
+
 Declined (stock head, one log line, and recorded as the feature's outcome in the report): a head
 tied to the input embedding (``tie_word_embeddings`` of the text config: it is also read by
 ``embedding()``), a ``head_dtype`` override (``LogitsProcessor`` then bypasses ``apply``), any
@@ -36,8 +40,10 @@ import logging
 
 import torch
 
+from ..kernels import w4a16_gemm as w4k
 from ..patching import Outcome, Patch, report, resolve
 from ..w4 import convert
+from . import speed
 from ..w4.patch_drafter import w4_guard
 from ..w4.scope import DRAFT_SCOPE
 
@@ -91,6 +97,7 @@ class Int4HeadPatch(Patch):
         self.group_size = 128
         self.converted: list[tuple[str, tuple[int, int]]] = []
         self.declined: dict[str, str] = {}  # head prefix -> why it stayed stock (this load)
+        self.speed_rows: list[tuple[int, float, float]] = []  # the speed rule's timings (GPU loads)
 
     def guard(self) -> str | None:
         return w4_guard(self)
@@ -178,6 +185,20 @@ class Int4HeadPatch(Patch):
                 return f"head_dtype={head_dtype} makes LogitsProcessor bypass the head's apply()"
         return None
 
+    def _slower_than_bf16(self, method, layer, qweight, scales, act_dtype) -> str | None:
+        """The speed rule (radiance.lmhead_int4.speed): both heads timed at this deployment's step shapes."""
+        from vllm.config import get_current_vllm_config
+
+        shapes = speed.shapes_from_config(get_current_vllm_config())
+        w = layer.weight
+        rows = speed.compare(lambda x: method.apply(layer, x),
+                             lambda x: w4k.gemm(x, qweight, scales, self.group_size),
+                             int(w.shape[1]), act_dtype, w.device, shapes)
+        self.speed_rows = rows
+        logger.info("radiance: int4-head: head cost per decode step, 4-bit / bf16 (k=%d%s): %s", shapes.k,
+                    ", the drafter shares it" if shapes.drafter_shares_head else "", speed.summary(rows))
+        return speed.verdict(rows, shapes)
+
     def _convert(self, method, layer) -> bool:
         reason = self.decline_reason(method, layer)
         if reason is not None:
@@ -194,6 +215,13 @@ class Int4HeadPatch(Patch):
             return False
         before = w.numel() * w.element_size()
         qweight, scales = convert.quantize_weight(w.data, self.group_size, act_dtype)
+        if w.is_cuda:
+            slower = self._slower_than_bf16(method, layer, qweight, scales, act_dtype)
+            if slower:
+                prefix = getattr(layer, "prefix", "") or "lm_head"
+                self.declined[prefix] = slower
+                logger.warning("radiance: int4-head declined for %s: %s", prefix, slower)
+                return False
         convert.install_packed(layer, method, qweight, scales, self.group_size, method_cls=Int4HeadMethod)
         after = qweight.numel() * 4 + scales.numel() * scales.element_size()
         shape = (int(scales.shape[1]), int(w.shape[1]))

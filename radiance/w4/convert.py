@@ -59,7 +59,7 @@ class W4Method:
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        out = torch.ops.radiance.w4a16_gemm(x2, layer.w4_qweight, layer.w4_scales, self.group_size)
+        out = wk.gemm(x2, layer.w4_qweight, layer.w4_scales, self.group_size)
         out = out.reshape(*x.shape[:-1], out.shape[-1])
         return out if bias is None else out + bias
 

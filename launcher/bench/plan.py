@@ -1,0 +1,101 @@
+"""Which engines `radiance bench` starts: the profile's model with named feature sets.
+
+A set is written as one word: ``stock`` (the plugin off: vLLM as released), ``all`` (the features the
+profile turns on), ``no-FEATURE`` (all of them but one), ``only-FEATURE``, or ``a+b`` (exactly these).
+A suffix ``@v1`` / ``@v2`` picks vLLM's model runner; without one a set runs on V1 where the plugin
+forces it (dynamic-draft hooks V1's proposer) and, so that the comparison is like for like, the stock
+set does too on a GPU; ``stock@v2`` is vLLM's own default there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radiance.features import NAMES
+
+from ..errors import UsageError
+from ..profile import Profile
+
+RUNNERS = ("v1", "v2")
+
+
+@dataclass(frozen=True)
+class FeatureSet:
+    name: str
+    features: tuple[str, ...]      # on, in the feature table's order
+    plugin: bool                   # False: RADIANCE_ENABLE=0, vLLM runs as released
+    runner: str                    # "v1" | "v2"
+
+
+def _ordered(names: set[str]) -> tuple[str, ...]:
+    return tuple(n for n in NAMES if n in names)
+
+
+def _feature(word: str, name: str, spec: str) -> str:
+    if name not in NAMES:
+        raise UsageError(f"--sets {spec}: {word!r} names no feature — fix: one of {', '.join(NAMES)}")
+    return name
+
+
+def parse_one(word: str, enabled: tuple[str, ...], platform: str, spec: str) -> FeatureSet:
+    base, _, runner = word.partition("@")
+    if runner and runner not in RUNNERS:
+        raise UsageError(f"--sets {spec}: {word!r}: runner {runner!r} — fix: @v1 or @v2")
+    if base == "stock":
+        on: set[str] = set()
+    elif base == "all":
+        on = set(enabled)
+    elif base.startswith("no-"):
+        name = _feature(word, base[3:], spec)
+        if name not in enabled:
+            raise UsageError(f"--sets {spec}: {word!r}: {name} is not on in this profile — fix: drop it "
+                             "or turn it on under features:")
+        on = set(enabled) - {name}
+    elif base.startswith("only-"):
+        on = {_feature(word, base[5:], spec)}
+    else:
+        on = {_feature(word, n, spec) for n in base.split("+") if n}
+    if not runner:
+        runner = "v1"
+    if platform == "cpu" and runner == "v2":
+        raise UsageError(f"--sets {spec}: {word!r}: Model Runner V2 needs Triton, which vLLM's CPU build "
+                         "lacks — fix: drop @v2 on a CPU")
+    if runner == "v2" and "dynamic_draft" in on:
+        raise UsageError(f"--sets {spec}: {word!r}: dynamic-draft hooks Model Runner V1's proposer — fix: "
+                         "@v1, or a set without dynamic_draft")
+    return FeatureSet(name=word, features=_ordered(on), plugin=base != "stock", runner=runner)
+
+
+def default_sets(profile: Profile, platform: str) -> str:
+    """stock, (stock@v2 on a GPU), all, and each enabled feature off in turn."""
+    enabled = profile.features.enabled_names()
+    words = ["stock"] + (["stock@v2"] if platform != "cpu" else []) + ["all"]
+    if len(enabled) > 1:
+        words += [f"no-{n}" for n in enabled]
+    return ",".join(words)
+
+
+def parse(spec: str, profile: Profile, platform: str) -> list[FeatureSet]:
+    enabled = tuple(profile.features.enabled_names())
+    words = [w.strip() for w in spec.split(",") if w.strip()]
+    if not words:
+        raise UsageError("--sets is empty — fix: e.g. --sets stock,all")
+    sets = [parse_one(w, enabled, platform, spec) for w in words]
+    seen: set[str] = set()
+    for s in sets:
+        if s.name in seen:
+            raise UsageError(f"--sets {spec}: {s.name!r} twice — fix: name each set once")
+        seen.add(s.name)
+    return sets
+
+
+def with_features(profile: Profile, on: tuple[str, ...]) -> Profile:
+    """The profile with exactly these features on (their settings as the profile has them)."""
+    f = profile.features
+    update = {}
+    for name in NAMES:
+        section = getattr(f, name)
+        changes = {"enabled": name in on}
+        if name == "fp8_stream" and name not in on:
+            changes["gdn_norm_quant"] = False  # lives inside the stream
+        update[name] = section.model_copy(update=changes)
+    return profile.model_copy(update={"features": f.model_copy(update=update)})

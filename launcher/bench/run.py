@@ -1,0 +1,164 @@
+"""`radiance bench`'s driver: one engine per feature set, each in a fresh process, results as one report.
+
+Each set's engine gets exactly what `radiance up` would give it (``engine_args.build``: the same flags and
+``RADIANCE_*`` environment, with the set's features on), so what is timed is what is served. A set whose
+engine fails is reported with its error and the last lines of its log; the others still run.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import console, engine_args, paths
+from ..profile import Profile
+from ..runtime.base import EngineHandle
+from ..runtime.local import LocalRuntime, _become_subreaper
+from . import plan
+from .lossless import DEFAULT_EPS
+
+PROMPTS = paths.REPO_ROOT / "launcher" / "data" / "prompts" / "v1.jsonl"
+GSM8K = paths.REPO_ROOT / "launcher" / "data" / "gsm8k" / "test.jsonl"
+
+
+def prompt_texts(n: int) -> list[str]:
+    """The gate's acceptance prompts (code, JSON, prose), then GSM8K test questions: n distinct texts."""
+    rows = [json.loads(l) for l in PROMPTS.read_text().splitlines() if l.strip()]
+    texts = [r["prompt"] for r in rows if "prompt" in r]  # the chat-formatted ones need a template
+    for line in GSM8K.read_text().splitlines():
+        if len(texts) >= n:
+            break
+        if line.strip():
+            texts.append("Question: " + json.loads(line)["question"] + "\nAnswer:")
+    return texts[:max(n, 1)]
+
+
+@dataclass
+class Options:
+    batches: list[int]
+    max_tokens: int
+    prompt_tokens: int = 0
+    repeat: int = 1
+    lossless_batches: list[int] = field(default_factory=list)
+    eps: float = DEFAULT_EPS
+    engine_env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 1800.0
+
+
+def engine_env(fs: plan.FeatureSet, cfg_env: dict[str, str], platform: str) -> dict[str, str]:
+    env = dict(cfg_env)
+    if not fs.plugin:
+        env["RADIANCE_ENABLE"] = "0"
+    if platform != "cpu":
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if fs.runner == "v2" else "0"
+    return env
+
+
+def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path) -> dict:
+    p = plan.with_features(profile, fs.features)
+    model_arg, model_dir = engine_args.resolve_model(p, paths.cache_home(), paths.REPO_ROOT)
+    drafter_arg, _ = engine_args.resolve_drafter(p, paths.cache_home(), paths.REPO_ROOT)
+    cfg = engine_args.build(p, platform=platform, model_arg=model_arg, model_dir=model_dir,
+                            drafter_arg=drafter_arg)
+    env = dict(os.environ)
+    env.update(engine_env(fs, cfg.env, platform))
+    env.update(opts.engine_env)
+    env.update(cfg.secret_env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    job = {"set": fs.name, "server_args": cfg.server_args, "batches": opts.batches, "max_tokens": opts.max_tokens,
+           "prompt_tokens": opts.prompt_tokens, "repeat": opts.repeat, "eps": opts.eps,
+           "lossless_batches": opts.lossless_batches, "prompts": prompt_texts(max(opts.batches))}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{fs.name.replace('@', '-').replace('+', '_')}.log"
+    with tempfile.TemporaryDirectory(prefix="radiance-bench-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job_path.write_text(json.dumps(job))
+        _become_subreaper()
+        t0 = time.monotonic()
+        with open(log_path, "wb") as log:
+            log.write(f"[radiance] bench set {fs.name}: {cfg.redacted_command()}\n".encode())
+            log.flush()
+            proc = subprocess.Popen([sys.executable, "-m", "launcher.bench.worker", str(job_path), str(out_path)],
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=opts.timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+            # The worker's engine core and workers go with it, whatever state it left them in.
+            LocalRuntime().stop(EngineHandle(runtime="local", ident=str(proc.pid), spec=None), timeout=20.0)
+        result = json.loads(out_path.read_text()) if out_path.exists() else {
+            "set": fs.name, "error": f"no result after {time.monotonic() - t0:.0f} s (timeout {opts.timeout_s:.0f} s)"}
+    result.update(features=list(fs.features), plugin=fs.plugin, runner=fs.runner, log=str(log_path),
+                  knobs={k: v for k, v in sorted(env.items())
+                         if k.startswith("RADIANCE_") or k == "VLLM_USE_V2_MODEL_RUNNER"})
+    if "error" in result:
+        result["log_tail"] = log_path.read_text(errors="replace").splitlines()[-15:]
+    return result
+
+
+def bench(profile: Profile, profile_path: str, platform: str, sets: list[plan.FeatureSet], opts: Options,
+          commit: str, log_dir: Path, on_set=None) -> dict:
+    """``on_set(report)`` after each set: a long run that is cut short keeps what it measured."""
+    started = dt.datetime.now(dt.timezone.utc)
+    results: list[dict] = []
+    for i, fs in enumerate(sets, 1):
+        console.info(f"radiance bench: set {fs.name} ({i}/{len(sets)}): features "
+                     f"{'+'.join(fs.features) or 'none'}, runner {fs.runner}; engine log {log_dir}")
+        t = time.monotonic()
+        r = run_set(fs, profile, platform, opts, log_dir)
+        results.append(r)
+        if "error" in r:
+            console.warn(f"set {fs.name}: {r['error']} (log: {r['log']})")
+        else:
+            console.info(f"radiance bench: set {fs.name} done in {time.monotonic() - t:.0f} s")
+        if on_set is not None:
+            on_set(_report(profile, profile_path, platform, opts, commit, started, results))
+    return _report(profile, profile_path, platform, opts, commit, started, results)
+
+
+def _report(profile: Profile, profile_path: str, platform: str, opts: Options, commit: str, started,
+            results: list[dict]) -> dict:
+    device = next((r.get("device") for r in results if r.get("device")), None)
+    report = {
+        "kind": "radiance-bench", "date": started.isoformat(timespec="seconds"), "device": device,
+        "commit": commit, "profile": profile_path, "profile_name": profile.name, "platform": platform,
+        "model": profile.model.path, "drafter": profile.drafter.model_dump(mode="json"),
+        "vllm": next((r.get("vllm") for r in results if r.get("vllm")), None),
+        "torch": next((r.get("torch") for r in results if r.get("torch")), None),
+        "options": {"batches": opts.batches, "max_tokens": opts.max_tokens, "prompt_tokens": opts.prompt_tokens,
+                    "repeat": opts.repeat, "lossless_batches": opts.lossless_batches, "eps": opts.eps},
+        "sets": list(results),
+    }
+    compare(report)
+    return report
+
+
+def compare(report: dict) -> None:
+    """Adds each row's ratio to the stock V1 set at the same batch (``vs_stock``), in place."""
+    base = next((s for s in report["sets"] if not s.get("plugin") and s.get("runner") == "v1"
+                 and "error" not in s), None)
+    if base is None:
+        return
+    ref = {r["batch"]: r["decode_tok_s"] for r in base["results"]}
+    for s in report["sets"]:
+        for r in s.get("results", []):
+            if ref.get(r["batch"]):
+                r["vs_stock"] = round(r["decode_tok_s"] / ref[r["batch"]], 3)
+
+
+def git_commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=paths.REPO_ROOT, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=paths.REPO_ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

@@ -1,0 +1,181 @@
+"""One engine of `radiance bench`, in a process of its own (its environment is the feature set's).
+
+    python -m launcher.bench.worker JOB.json RESULT.json
+
+The engine is vLLM's offline one (``vllm.LLM``, what ``vllm bench latency`` and ``throughput`` drive),
+built from the same server arguments `radiance up` passes, read by vLLM's own parser. Per batch size B
+it times B greedy requests of ``max_tokens`` tokens (``ignore_eos``) and the same B requests of one
+token, so the difference is the decode alone; vLLM's speculative-decoding counters give the steps and
+the acceptance. The outputs of the batches named in ``lossless_batches`` are re-scored in one prefill
+(``launcher.bench.lossless``). Everything lands in RESULT.json, also when the engine fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from . import lossless
+
+SPEC = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens")
+
+
+def device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    model = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU: {model} ({os.cpu_count()} logical cores)"
+
+
+def compile_cache_keys() -> list[str]:
+    """The compile caches vLLM keeps on this machine (torch_compile_cache/<key>, .../torch_aot_compile/<key>)."""
+    root = Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm") / "torch_compile_cache"
+    keys = []
+    for d in (root, root / "torch_aot_compile"):
+        if d.is_dir():
+            keys += sorted(f"{d.name}/{p.name}" for p in d.iterdir() if p.is_dir() and p.name != "torch_aot_compile")
+    return keys
+
+
+def _metrics(llm) -> tuple[dict[str, float], list[dict]]:
+    """vLLM's speculative-decoding counters (its own reader) and radiance's counters and patch rows
+    (the same Prometheus registry, which vLLM's reader filters to ``vllm:`` names)."""
+    import prometheus_client
+
+    counters: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if m.name in SPEC:
+            counters[m.name] = counters.get(m.name, 0.0) + float(getattr(m, "value", 0) or 0)
+    status: list[dict] = []
+    for family in prometheus_client.REGISTRY.collect():
+        if not family.name.startswith("radiance:"):
+            continue
+        for sample in family.samples:
+            if family.name == "radiance:patch_status":
+                if sample.value:
+                    status.append({k: sample.labels.get(k, "") for k in ("rank", "feature", "patch", "status",
+                                                                          "reason")})
+            elif sample.name.endswith("_total"):
+                counters[sample.name] = counters.get(sample.name, 0.0) + float(sample.value)
+    return counters, status
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+
+
+def _prompts(tok, texts: list[str], b: int, prompt_tokens: int) -> list[list[int]]:
+    out = []
+    for i in range(b):
+        ids = tok.encode(texts[i % len(texts)])
+        out.append(ids[:prompt_tokens] if prompt_tokens else ids)
+    return out
+
+
+def _rescore(llm, SamplingParams, prompts: list[list[int]], outputs: list[list[int]], eps: float):
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
+    res = llm.generate([{"prompt_token_ids": p + o} for p, o in zip(prompts, outputs)], params, use_tqdm=False)
+    scored = []
+    for p, r in zip(prompts, res):
+        rows = (r.prompt_logprobs or [])[len(p):]
+        scored.append([{int(t): (float(lp.logprob), int(lp.rank)) for t, lp in row.items()} if row else None
+                       for row in rows])
+    return lossless.check(outputs, scored, eps)
+
+
+def run(job: dict) -> dict:
+    result: dict = {"set": job["set"], "device": None, "results": [], "keys_before": compile_cache_keys()}
+    t0 = time.perf_counter()
+    from vllm import LLM, SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    import torch
+    import vllm
+
+    result.update(vllm=vllm.__version__, torch=torch.__version__, device=device_name())
+    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(job["server_args"])
+    engine_args = EngineArgs.from_cli_args(ns)
+    engine_args.disable_log_stats = False  # the spec-decode counters are the step count
+    llm = LLM.from_engine_args(engine_args)
+    result["load_s"] = round(time.perf_counter() - t0, 1)
+    result["keys_after"] = compile_cache_keys()
+    tok = llm.get_tokenizer()
+    greedy = dict(temperature=0.0, ignore_eos=True)
+    n = job["max_tokens"]
+    verdicts = {}
+    for b in job["batches"]:
+        prompts = _prompts(tok, job["prompts"], b, job.get("prompt_tokens", 0))
+        inputs = [{"prompt_token_ids": p} for p in prompts]
+        llm.generate(inputs, SamplingParams(max_tokens=min(8, n), **greedy), use_tqdm=False)  # shapes warm
+        runs = []
+        for _ in range(max(1, job.get("repeat", 1))):
+            llm.reset_prefix_cache()
+            before, _ = _metrics(llm)
+            t = time.perf_counter()
+            outs = llm.generate(inputs, SamplingParams(max_tokens=n, **greedy), use_tqdm=False)
+            t_full = time.perf_counter() - t
+            spec = _delta(_metrics(llm)[0], before)
+            llm.reset_prefix_cache()
+            t = time.perf_counter()
+            llm.generate(inputs, SamplingParams(max_tokens=1, **greedy), use_tqdm=False)
+            t_first = time.perf_counter() - t
+            runs.append((t_full, t_first, spec, outs))
+        t_full, t_first, spec, outs = sorted(runs, key=lambda r: r[0] - r[1])[len(runs) // 2]
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        decode_s = max(t_full - t_first, 1e-9)
+        drafts = spec.get("vllm:spec_decode_num_drafts", 0.0)
+        accepted = spec.get("vllm:spec_decode_num_accepted_tokens", 0.0)
+        steps = drafts / b if drafts else float(n)
+        row = {
+            "batch": b, "output_tokens": tokens, "wall_s": round(t_full, 4), "first_token_s": round(t_first, 4),
+            "tok_s": round(tokens / t_full, 1), "decode_tok_s": round(b * (n - 1) / decode_s, 1),
+            "steps_per_request": round(steps, 1), "ms_per_step": round(1e3 * decode_s / max(steps - 1, 1), 3),
+            "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
+            "draft_tokens_per_step": round(spec.get("vllm:spec_decode_num_draft_tokens", 0.0) / drafts, 3)
+            if drafts else None,
+            "counters": {k: v for k, v in spec.items() if k.startswith("radiance:") and v},
+        }
+        if b in job.get("lossless_batches", []):
+            v = _rescore(llm, SamplingParams, prompts, [list(o.outputs[0].token_ids) for o in outs], job["eps"])
+            row["lossless"] = v.as_dict()
+            verdicts[b] = v
+        result["results"].append(row)
+        print(f"radiance bench: {job['set']} B={b}: {row['decode_tok_s']} decode tok/s, "
+              f"{row['ms_per_step']} ms/step", file=sys.stderr, flush=True)
+    if verdicts:
+        result["lossless"] = lossless.merge(list(verdicts.values())).as_dict()
+    result["patch_status"] = _metrics(llm)[1]
+    return result
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(Path(argv[0]).read_text())
+    out = Path(argv[1])
+    try:
+        result = run(job)
+        code = 0
+    except Exception as exc:  # the parent reports it and goes on with the next set
+        traceback.print_exc()
+        result = {"set": job.get("set"), "error": f"{type(exc).__name__}: {exc}"}
+        code = 1
+    out.write_text(json.dumps(result, indent=1))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

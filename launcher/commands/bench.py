@@ -1,0 +1,133 @@
+"""`radiance bench PROFILE`: the profile's model, stock and with its feature sets, timed by vLLM."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import click
+
+from .. import console, errors, paths
+from ._common import JSON_OPT, PROFILE_ARG, check_knobs, load
+
+
+def _ints(option: str, raw: str) -> list[int]:
+    try:
+        values = [int(x) for x in raw.split(",") if x.strip()]
+    except ValueError:
+        raise errors.UsageError(f"{option} {raw!r}: not a comma-separated list of integers — fix: e.g. "
+                                f"{option} 1,8,32") from None
+    if not values or any(v < 1 for v in values):
+        raise errors.UsageError(f"{option} {raw!r}: give integers >= 1 — fix: e.g. {option} 1,8,32")
+    return values
+
+
+def _engine_env(items: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise errors.UsageError(f"--engine-env {item!r}: expected NAME=VALUE — fix: e.g. "
+                                    "--engine-env VLLM_LOGGING_LEVEL=DEBUG")
+        out[key] = value
+    return out
+
+
+def _table(report: dict) -> None:
+    rows = []
+    for s in report["sets"]:
+        if "error" in s:
+            rows.append([s["set"], s.get("runner", ""), "-", "-", "-", "-", "-", "[red]error[/red]: " + s["error"][:80]])
+            continue
+        for r in s["results"]:
+            ll = r.get("lossless")
+            verdict = "" if ll is None else (
+                f"[green]ok[/green] ({ll['ties']} ties)" if ll["ok"] else f"[red]{ll['violations']} violations[/red]")
+            rows.append([s["set"], s["runner"], str(r["batch"]), f"{r['decode_tok_s']:.0f}",
+                         f"{r['vs_stock']:.2f}x" if "vs_stock" in r else "",
+                         f"{r['ms_per_step']:.2f}",
+                         f"{r['mean_acceptance_length']:.2f}" if r.get("mean_acceptance_length") else "",
+                         verdict])
+    console.out.print(console.table(
+        f"radiance bench {report['profile_name']} on {report['device']} (commit {report['commit']}; "
+        f"{report['options']['max_tokens']} tokens per request, greedy)",
+        ["set", "runner", "B", "decode tok/s", "vs stock", "ms/step", "accept len", "lossless"], rows))
+
+
+@click.command("bench")
+@PROFILE_ARG
+@click.option("--sets", "sets_spec", default=None, metavar="SETS",
+              help="Comma-separated feature sets: stock, all, no-FEATURE, only-FEATURE, a+b, each with an optional "
+                   "@v1/@v2 runner. Default: stock, stock@v2 (GPU), all, and each enabled feature off in turn.")
+@click.option("--batch", "batch_raw", default="1,8,32", show_default=True, metavar="B,...",
+              help="Concurrent requests per timed run.")
+@click.option("--max-tokens", type=click.IntRange(2, 8192), default=128, show_default=True,
+              help="Tokens generated per request (greedy, ignore_eos).")
+@click.option("--prompt-tokens", type=click.IntRange(0, 8192), default=0,
+              help="Cut each prompt to this many tokens (0: as written).")
+@click.option("--repeat", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="Timed runs per batch; the median is reported.")
+@click.option("--lossless", "lossless_raw", default="1,8", show_default=True, metavar="B,...",
+              help="Batches whose outputs are re-scored: every emitted token must be the target's argmax "
+                   "for its prefix (within --eps). 'none' skips it.")
+@click.option("--eps", type=click.FloatRange(0.0, 10.0), default=None,
+              help="Logit margin under which a non-argmax token counts as a tie (default 0.25).")
+@click.option("--platform", type=click.Choice(["auto", "rocm", "cuda", "cpu"]), default="auto", show_default=True,
+              help="Override the profile's runtime.platform.")
+@click.option("--commit", default=None,
+              help="Commit recorded in the report (default: this checkout's HEAD; pass it where the checkout's "
+                   "git metadata is not the tree's).")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the JSON report here (default: $RADIANCE_HOME/reports/bench-PROFILE-TIME.json).")
+@click.option("--engine-env", multiple=True, metavar="NAME=VALUE",
+              help="Extra environment for every engine (repeatable), e.g. VLLM_LOGGING_LEVEL=DEBUG.")
+@JSON_OPT
+def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens: int, prompt_tokens: int,
+            repeat: int, lossless_raw: str, eps: float | None, platform: str, commit: str | None,
+            out_path: str | None, engine_env: tuple[str, ...], as_json: bool) -> None:
+    """Run PROFILE's model stock and with its feature sets, at each batch size, through vLLM's offline
+    engine (one fresh engine per set, started exactly as `radiance up` starts it), and print decode
+    tok/s, ms per step, acceptance and the lossless check. Writes a JSON report (date, device, commit).
+    """
+    from ..bench import plan, run
+    from ..bench.lossless import DEFAULT_EPS
+    from ..preflight import resolve_platform
+
+    profile = load(profile_path)
+    check_knobs()
+    batches = _ints("--batch", batch_raw)
+    lossless_batches = [] if lossless_raw.strip().lower() == "none" else _ints("--lossless", lossless_raw)
+    if platform == "auto":
+        if profile.runtime.platform != "auto":
+            platform = profile.runtime.platform
+        else:
+            from .. import hardware
+
+            platform = resolve_platform(profile, hardware.probe())
+    sets = plan.parse(sets_spec or plan.default_sets(profile, platform), profile, platform)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(out_path) if out_path else paths.reports_dir() / f"bench-{profile.name}-{stamp}.json"
+    opts = run.Options(batches=batches, max_tokens=max_tokens, prompt_tokens=prompt_tokens, repeat=repeat,
+                       lossless_batches=[b for b in lossless_batches if b in batches],
+                       eps=DEFAULT_EPS if eps is None else eps, engine_env=_engine_env(engine_env),
+                       timeout_s=profile.runtime.startup_timeout_s + 1200)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(report: dict) -> None:
+        out.write_text(json.dumps(report, indent=1) + "\n")
+
+    report = run.bench(profile, profile_path, platform, sets, opts, commit or run.git_commit(),
+                       out.parent / f"{out.stem}-logs", on_set=save)
+    save(report)
+    if as_json:
+        console.print_json(report)
+    else:
+        _table(report)
+        console.info(f"report: {out}")
+    failed = [s["set"] for s in report["sets"] if "error" in s]
+    lossy = [s["set"] for s in report["sets"] if s.get("lossless") and not s["lossless"]["ok"]]
+    if failed:
+        raise errors.LauncherError(f"bench: set(s) {', '.join(failed)} failed (report: {out})")
+    if lossy:
+        raise errors.LauncherError(f"bench: set(s) {', '.join(lossy)} emitted tokens that are not the target's "
+                                   f"argmax (report: {out})")

@@ -1,0 +1,34 @@
+"""The GPU lossless check: argmax agreement with ties inside eps, violations outside it."""
+from __future__ import annotations
+
+from launcher.bench import lossless
+
+
+def _row(token_lp: dict[int, float]) -> dict[int, tuple[float, int]]:
+    ranked = sorted(token_lp.items(), key=lambda kv: -kv[1])
+    return {t: (lp, i + 1) for i, (t, lp) in enumerate(ranked)}
+
+
+def test_argmax_tokens_pass():
+    v = lossless.check([[5, 6]], [[_row({5: -0.1, 9: -3.0}), _row({6: -0.2, 1: -2.0})]])
+    assert v.ok and v.positions == 2 and v.ties == 0
+
+
+def test_a_near_tie_is_a_tie_and_a_clear_loss_is_a_violation():
+    tie = _row({7: -0.70, 5: -0.80})            # emitted 5, 0.10 behind the top-1
+    bad = _row({7: -0.10, 6: -2.60})            # emitted 6, 2.5 behind
+    v = lossless.check([[5, 6]], [[tie, bad]], eps=0.25)
+    assert not v.ok and v.ties == 1 and v.violations == 1
+    assert v.first_violations[0]["index"] == 1 and v.first_violations[0]["top1"] == 7
+    assert abs(v.max_tie_margin - 0.10) < 1e-6
+
+
+def test_nothing_checked_is_not_a_pass():
+    assert not lossless.check([[1]], [[None]]).ok
+
+
+def test_merge_adds_up():
+    a = lossless.check([[5]], [[_row({5: -0.1, 2: -1.0})]])
+    b = lossless.check([[6]], [[_row({7: -0.1, 6: -5.0})]])
+    m = lossless.merge([a, b])
+    assert (m.prompts, m.positions, m.violations, m.ok) == (2, 2, 1, False)

@@ -1,0 +1,65 @@
+"""`radiance bench`'s feature sets: the words, the runners, and the profile each engine gets."""
+from __future__ import annotations
+
+import pytest
+
+from launcher.bench import plan
+from launcher.errors import UsageError
+from launcher.profile import load_profile
+
+TINY = load_profile("profiles/tiny-cpu.yaml")       # dynamic_draft, w4_drafter, int4_head on
+TP2 = load_profile("profiles/tiny-cpu-tp2.yaml")    # all four
+
+
+def test_words_name_the_features_on():
+    sets = plan.parse("stock,all,no-int4_head,only-w4_drafter,dynamic_draft+int4_head", TINY, "cuda")
+    assert [(s.name, s.features, s.plugin) for s in sets] == [
+        ("stock", (), False),
+        ("all", ("dynamic_draft", "w4_drafter", "int4_head"), True),
+        ("no-int4_head", ("dynamic_draft", "w4_drafter"), True),
+        ("only-w4_drafter", ("w4_drafter",), True),
+        ("dynamic_draft+int4_head", ("dynamic_draft", "int4_head"), True),
+    ]
+    assert all(s.runner == "v1" for s in sets)
+
+
+def test_runner_suffix_and_its_limits():
+    assert plan.parse("stock@v2", TINY, "cuda")[0].runner == "v2"
+    with pytest.raises(UsageError, match="V2 needs Triton"):
+        plan.parse("stock@v2", TINY, "cpu")
+    with pytest.raises(UsageError, match="dynamic-draft hooks Model Runner V1"):
+        plan.parse("all@v2", TINY, "cuda")
+    with pytest.raises(UsageError, match="@v1 or @v2"):
+        plan.parse("stock@v3", TINY, "cuda")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("", "empty"), ("stock,stock", "twice"), ("no-fp8_stream", "not on in this profile"),
+    ("only-fast_head", "names no feature")])
+def test_bad_sets_are_usage_errors(spec, message):
+    with pytest.raises(UsageError, match=message):
+        plan.parse(spec, TINY, "cpu")
+
+
+def test_default_sets():
+    assert plan.default_sets(TINY, "cpu") == "stock,all,no-dynamic_draft,no-w4_drafter,no-int4_head"
+    assert plan.default_sets(TINY, "cuda").startswith("stock,stock@v2,all,")
+
+
+def test_with_features_turns_exactly_those_on_and_keeps_settings():
+    p = plan.with_features(TP2, ("fp8_stream",))
+    assert p.features.enabled_names() == ["fp8_stream"]
+    assert p.features.dynamic_draft.tau == TP2.features.dynamic_draft.tau
+    off = plan.with_features(TP2, ())
+    assert off.features.enabled_names() == [] and not off.features.fp8_stream.gdn_norm_quant
+
+
+def test_stock_set_runs_vllm_as_released_and_runners_are_forced_on_gpus():
+    from launcher.bench.run import engine_env
+
+    stock, draft, v2 = plan.parse("stock,no-int4_head,stock@v2", TINY, "cuda")
+    assert engine_env(stock, {"RADIANCE_ENABLE": "1"}, "cuda") == {"RADIANCE_ENABLE": "0",
+                                                                  "VLLM_USE_V2_MODEL_RUNNER": "0"}
+    assert engine_env(draft, {"RADIANCE_ENABLE": "1"}, "cuda")["RADIANCE_ENABLE"] == "1"
+    assert engine_env(v2, {}, "cuda")["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_env(stock, {}, "cpu")
