@@ -11,7 +11,7 @@ if [ ! -f /tmp/site/vllm/__init__.py ]; then
   cat /tmp/stage/part.* | tar -x -C /tmp && rm -f /tmp/stage/part.* || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/gpu-wheels/*.whl || exit 1
 fi
-python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/proj .gpu/proj/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/proj "${WHEELS:-.gpu/proj}"/*.whl || exit 1
 # The checkout first (its models/ and data are found from the package), the staged vLLM before the image's torch,
 # the wheel's metadata for the plugin's entry point.
 export PYTHONPATH=$PWD:/tmp/site:/tmp/proj VLLM_USE_FLASHINFER_SAMPLER=0 RADIANCE_HOME=/tmp/rh PYTHONUNBUFFERED=1
