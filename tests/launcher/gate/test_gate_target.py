@@ -223,3 +223,13 @@ def test_the_tiny_profiles_ship_a_reference_that_matches_them(path):
     assert doc["identity"] == target.identity(p)
     assert doc["held_text"]["sha256"] == target.load_held_text(t.held_text).sha256
     assert doc["greedy"]["max_tokens"] == t.max_tokens and len(doc["greedy"]["outputs"]) == 16
+
+
+def test_the_stock_run_is_the_profile_with_its_features_off():
+    from launcher.gate import stock
+
+    p = load_profile(REPO / "profiles" / "tiny-cpu-tp2.yaml")
+    s = stock.stock_profile(p)
+    assert s.features.enabled_names() == [] and p.features.enabled_names()
+    assert (s.drafter, s.model, s.parallel, s.vllm_args, s.env) == (p.drafter, p.model, p.parallel, p.vllm_args, p.env)
+    assert target.identity(s) == target.identity(p)
