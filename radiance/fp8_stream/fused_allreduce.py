@@ -160,25 +160,33 @@ def prove(weight: torch.Tensor | None, eps: float, group_size: int, fp8_dtype: t
         return _PROVEN[key]
     backend = "NCCL" if device.type == "cuda" else "gloo"
     why = "" if weight is not None else "the stream is not installed on this rank"
+    inputs = []
+    if not why:
+        try:
+            inputs = [_known_inputs(tp.rank_in_group, m, k, dtype, device) for m in PROVE_ROWS]
+        except Exception as exc:  # noqa: BLE001 - a check that cannot run proves nothing
+            why = f"the check's inputs: {type(exc).__name__}: {exc}"
     ready = _group_agrees(not why)  # every rank takes the same collectives from here
     if ready and device.type == "cuda":
         if _epilogue_for(k, dtype, device) is None:  # peer access and buffers, agreed by the group
             why = "no peer access between the two GPUs, or no symmetric buffers (the line above says which)"
     if ready and _group_agrees(not why):
-        try:
-            for m in PROVE_ROWS:
-                partial, residual = _known_inputs(tp.rank_in_group, m, k, dtype, device)
-                from ..kernels.add_rms_quant import add_rms_quant
+        from ..kernels.add_rms_quant import add_rms_quant
 
-                want = add_rms_quant(_all_reduce(partial.clone()), residual.clone(), weight, eps, group_size,
-                                     fp8_dtype)
-                got = _TP2_OP(partial.clone(), residual.clone(), weight, float(eps), int(group_size), fp8_dtype)
-                diff = _differences(got, want)
-                if diff:
-                    why = f"M={m}: {diff} against {backend}'s all-reduce + add_rms_quant"
-                    break
-        except Exception as exc:  # noqa: BLE001 - a check that cannot run proves nothing
-            why = f"the check raised {type(exc).__name__}: {exc}"
+        # Every rank runs every M's two collectives, whatever it found before: a rank that stopped at its
+        # first difference would leave its peer waiting in the next all-reduce.
+        for m, (partial, residual) in zip(PROVE_ROWS, inputs):
+            reduced = _all_reduce(partial.clone())
+            got = _TP2_OP(partial.clone(), residual.clone(), weight, float(eps), int(group_size), fp8_dtype)
+            if why:
+                continue
+            try:
+                diff = _differences(got, add_rms_quant(reduced, residual.clone(), weight, eps, group_size,
+                                                       fp8_dtype))
+            except Exception as exc:  # noqa: BLE001
+                diff = f"the comparison raised {type(exc).__name__}: {exc}"
+            if diff:
+                why = f"M={m}: {diff} against {backend}'s all-reduce + add_rms_quant"
     verdicts: list = [None] * tp.world_size
     dist.all_gather_object(verdicts, why, group=tp.cpu_group)
     bad = [(r, w) for r, w in enumerate(verdicts) if w]
