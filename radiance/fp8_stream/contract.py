@@ -49,7 +49,8 @@ class RunState:
     the next forward takes the contract off at its first layer (nothing of it streamed yet) and runs
     stock. Eager execution only: under torch.compile / CUDA graphs this Python runs while vLLM traces,
     where no flag is read (a fault there falls back on its own rank, at the stock arithmetic, and is
-    reported by that rank)."""
+    reported by that rank). With the fused two-rank op the faulted rank keeps calling that op until the
+    agreement, since its all-reduce is inside it."""
     core: torch.nn.Module | None = None
     carrier: tuple | None = None     # (layer, "in" | "mid"): the site whose all-reduce carries the flags
     fault: str | None = None         # this rank's fault, not yet agreed
@@ -144,9 +145,10 @@ def _epilogue(layer, site: str, partial: torch.Tensor, residual: torch.Tensor, n
         partial = partial.reshape(-1, partial.shape[-1])
     if _carries(layer, site, run):
         reduced = _exchange_flags(partial, run)
-    elif flags.fused and not (run.fault or run.latched):
-        # the all-reduce and the epilogue are one op here: a fault inside it cannot be taken back on one
-        # rank (its peer's half of the exchange may have run), so it is not caught
+    elif flags.fused and not run.latched:
+        # the all-reduce and the epilogue are one op here, so a rank with a fault not yet agreed keeps
+        # calling it (its peer does: the exchanges must match) until every rank latches at the carrier; a
+        # fault inside it cannot be taken back on one rank (the peer's half may have run): not caught
         from .fused_allreduce import allreduce_epilogue
 
         q, scale, residual = allreduce_epilogue(partial, residual, norm.weight, norm.variance_epsilon, group,
