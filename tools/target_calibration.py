@@ -40,6 +40,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _commit() -> str:
+    """HEAD, +dirty when the working tree (which the engines ran) differs from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True, capture_output=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, text=True,
+                           capture_output=True)
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def _radiance(*args: str, env: dict, timeout: float = 1800) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "launcher", *args], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
@@ -127,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "RADIANCE_HOME": str(tmp / "state"), "PYTHONUNBUFFERED": "1"}
     env.setdefault("RADIANCE_CACHE_DIR", str(REPO / ".cache" / "radiance"))
     result: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, text=True,
-                                             capture_output=True).stdout.strip(),
+                    "commit": _commit(),
                     "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
                     "profile": str(args.profile), "scale_error": args.scale_error}
     reference = args.reference or args.record
