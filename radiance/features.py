@@ -150,7 +150,10 @@ def _int4_head(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
         return False, f"the {facts.quant_method} checkpoint quantises lm_head itself"
     if facts.tied_head is None or facts.head_quantized is None:
         return None, "the head's tie and quantisation are read from config.json, which is not here"
-    return True, "untied, unquantised head: W4A16, group 128, quantised in row chunks at load"
+    return True, ("untied, unquantised head: W4A16, group 128, quantised in row chunks at load; on a GPU "
+                  "only if not slower: both heads are timed at load at every step shape (B x (k+1) "
+                  "verification rows and the MTP drafter's B rows per slot, B up to max_num_seqs) and it "
+                  "declines where 4 bits lose (H200: wins to 64 rows, loses above)")
 
 
 # model.quantization values whose linears take the epilogue's (q, scale), and the checkpoints each serves

@@ -3,8 +3,8 @@
 On a GPU the verification batch's shape changes with the drafts, so its numerics differ from stock's
 and byte identity with stock decoding is not what lossless means there. What a correct speculative
 decoder guarantees under greedy sampling is that each emitted token is the target's top-1 given the
-tokens before it. The check re-scores prompt + output in one prefill (vLLM's prompt logprobs, top-1
-and the token's own) and looks at each output position:
+tokens before it. The check re-scores prompt + output in a prefill (vLLM's prompt logprobs, top-1 and
+the token's own; twice, in opposite batch orders) and looks at each output position:
 
 * the emitted token is the prefill's argmax: agrees;
 * it is not, but its logprob is within ``eps`` of the top-1 (the two were tied up to the difference
@@ -35,6 +35,7 @@ class Verdict:
     positions: int = 0
     ties: int = 0
     violations: int = 0
+    unstable: int = 0       # positions the independent re-scorings classify differently
     max_tie_margin: float = 0.0
     first_violations: list[dict] = field(default_factory=list)   # up to 8, for the report
     eps: float = DEFAULT_EPS
@@ -49,41 +50,54 @@ class Verdict:
         return d
 
 
-def score_prompt(output: list[int], scored: list[dict[int, tuple[float, int]] | None],
-                 eps: float) -> tuple[int, list[Position], list[Position]]:
-    """``scored[j]``: the prefill's entries at output position j, token -> (logprob, rank). Returns
-    (positions checked, ties, violations)."""
-    ties: list[Position] = []
-    bad: list[Position] = []
-    checked = 0
+AGREE, TIE, VIOLATION = 0, 1, 2
+
+
+def classify(output: list[int], scored: list[dict[int, tuple[float, int]] | None],
+             eps: float) -> list[tuple[int, Position | None] | None]:
+    """Per output position: (AGREE|TIE|VIOLATION, the position's numbers) or None where the re-scoring
+    has no entry for it. ``scored[j]``: the prefill's entries at output position j, token -> (logprob, rank)."""
+    out: list[tuple[int, Position | None] | None] = []
     for j, token in enumerate(output):
         entries = scored[j] if j < len(scored) else None
         if not entries or token not in entries:
+            out.append(None)
             continue
-        checked += 1
         lp, rank = entries[token]
         if rank == 1:
+            out.append((AGREE, None))
             continue
         top1, (top_lp, _) = min(entries.items(), key=lambda kv: kv[1][1])
         pos = Position(j, token, top1, float(top_lp - lp))
-        (ties if pos.margin <= eps else bad).append(pos)
-    return checked, ties, bad
+        out.append((TIE if pos.margin <= eps else VIOLATION, pos))
+    return out
 
 
-def check(outputs: list[list[int]], scored: list[list[dict[int, tuple[float, int]] | None]],
+def check(outputs: list[list[int]], passes: list[list[list[dict[int, tuple[float, int]] | None]]],
           eps: float = DEFAULT_EPS) -> Verdict:
+    """``passes``: one or more independent re-scorings of the same outputs (the worker runs two, in opposite
+    batch orders). A position counts by the most favourable pass: a token the target really did not choose
+    is a violation in every pass, while a re-scoring that went wrong for one request (its batch slot, its
+    state) does not repeat in the other order. Positions the passes disagree on are counted as ``unstable``."""
     v = Verdict(eps=eps)
-    for prompt_no, (out, sc) in enumerate(zip(outputs, scored)):
-        n, ties, bad = score_prompt(out, sc, eps)
+    for prompt_no, out in enumerate(outputs):
+        classes = [classify(out, sc[prompt_no], eps) for sc in passes]
         v.prompts += 1
-        v.positions += n
-        v.ties += len(ties)
-        v.violations += len(bad)
-        if ties:
-            v.max_tie_margin = max(v.max_tie_margin, max(t.margin for t in ties))
-        for b in bad:
-            if len(v.first_violations) < 8:
-                v.first_violations.append({"prompt": prompt_no, **asdict(b)})
+        for j in range(len(out)):
+            seen = [c[j] for c in classes if j < len(c) and c[j] is not None]
+            if not seen:
+                continue
+            v.positions += 1
+            if len({k for k, _ in seen}) > 1:
+                v.unstable += 1
+            kind, pos = min(seen, key=lambda kp: kp[0])
+            if kind == TIE:
+                v.ties += 1
+                v.max_tie_margin = max(v.max_tie_margin, pos.margin)
+            elif kind == VIOLATION:
+                v.violations += 1
+                if len(v.first_violations) < 8:
+                    v.first_violations.append({"prompt": prompt_no, **asdict(pos)})
     v.max_tie_margin = round(v.max_tie_margin, 4)
     return v
 
@@ -95,6 +109,7 @@ def merge(verdicts: list[Verdict]) -> Verdict:
         out.positions += v.positions
         out.ties += v.ties
         out.violations += v.violations
+        out.unstable += v.unstable
         out.max_tie_margin = max(out.max_tie_margin, v.max_tie_margin)
         out.first_violations += v.first_violations[: 8 - len(out.first_violations)]
     return out

@@ -91,8 +91,10 @@ def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
                 proc.wait(timeout=opts.timeout_s)
             except subprocess.TimeoutExpired:
                 pass
-            # The worker's engine core and workers go with it, whatever state it left them in.
-            LocalRuntime().stop(EngineHandle(runtime="local", ident=str(proc.pid), spec=None), timeout=20.0)
+            finally:
+                # The worker's engine core and workers go with it, whatever state it left them in, also
+                # when this process is interrupted.
+                LocalRuntime().stop(EngineHandle(runtime="local", ident=str(proc.pid), spec=None), timeout=20.0)
         result = json.loads(out_path.read_text()) if out_path.exists() else {
             "set": fs.name, "error": f"no result after {time.monotonic() - t0:.0f} s (timeout {opts.timeout_s:.0f} s)"}
     result.update(features=list(fs.features), plugin=fs.plugin, runner=fs.runner, log=str(log_path),

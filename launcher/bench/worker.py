@@ -87,14 +87,19 @@ def _prompts(tok, texts: list[str], b: int, prompt_tokens: int) -> list[list[int
 
 
 def _rescore(llm, SamplingParams, prompts: list[list[int]], outputs: list[list[int]], eps: float):
+    """Two re-scorings of every prompt + output, the second in reversed batch order (see lossless.check)."""
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
-    res = llm.generate([{"prompt_token_ids": p + o} for p, o in zip(prompts, outputs)], params, use_tqdm=False)
-    scored = []
-    for p, r in zip(prompts, res):
-        rows = (r.prompt_logprobs or [])[len(p):]
-        scored.append([{int(t): (float(lp.logprob), int(lp.rank)) for t, lp in row.items()} if row else None
-                       for row in rows])
-    return lossless.check(outputs, scored, eps)
+    passes = []
+    for order in (list(range(len(prompts))), list(reversed(range(len(prompts))))):
+        llm.reset_prefix_cache()
+        res = llm.generate([{"prompt_token_ids": prompts[i] + outputs[i]} for i in order], params, use_tqdm=False)
+        scored: list = [None] * len(prompts)
+        for i, r in zip(order, res):
+            rows = (r.prompt_logprobs or [])[len(prompts[i]):]
+            scored[i] = [{int(t): (float(lp.logprob), int(lp.rank)) for t, lp in row.items()} if row else None
+                         for row in rows]
+        passes.append(scored)
+    return lossless.check(outputs, passes, eps)
 
 
 def run(job: dict) -> dict:

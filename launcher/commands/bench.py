@@ -89,6 +89,9 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
     engine (one fresh engine per set, started exactly as `radiance up` starts it), and print decode
     tok/s, ms per step, acceptance and the lossless check. Writes a JSON report (date, device, commit).
     """
+    import signal
+    import sys
+
     from ..bench import plan, run
     from ..bench.lossless import DEFAULT_EPS
     from ..preflight import resolve_platform
@@ -103,7 +106,7 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
         else:
             from .. import hardware
 
-            platform = resolve_platform(profile, hardware.probe())
+            platform = resolve_platform(profile, hardware.probe_all())
     sets = plan.parse(sets_spec or plan.default_sets(profile, platform), profile, platform)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(out_path) if out_path else paths.reports_dir() / f"bench-{profile.name}-{stamp}.json"
@@ -112,6 +115,9 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
                        eps=DEFAULT_EPS if eps is None else eps, engine_env=_engine_env(engine_env),
                        timeout_s=profile.runtime.startup_timeout_s + 1200)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # A bench stopped by SIGTERM (a CI timeout, `timeout`) unwinds like ^C, so the running set's engine is
+    # stopped with it instead of running on in its own session.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     def save(report: dict) -> None:
         out.write_text(json.dumps(report, indent=1) + "\n")

@@ -10,25 +10,34 @@ def _row(token_lp: dict[int, float]) -> dict[int, tuple[float, int]]:
 
 
 def test_argmax_tokens_pass():
-    v = lossless.check([[5, 6]], [[_row({5: -0.1, 9: -3.0}), _row({6: -0.2, 1: -2.0})]])
+    v = lossless.check([[5, 6]], [[[_row({5: -0.1, 9: -3.0}), _row({6: -0.2, 1: -2.0})]]])
     assert v.ok and v.positions == 2 and v.ties == 0
 
 
 def test_a_near_tie_is_a_tie_and_a_clear_loss_is_a_violation():
     tie = _row({7: -0.70, 5: -0.80})            # emitted 5, 0.10 behind the top-1
     bad = _row({7: -0.10, 6: -2.60})            # emitted 6, 2.5 behind
-    v = lossless.check([[5, 6]], [[tie, bad]], eps=0.25)
+    v = lossless.check([[5, 6]], [[[tie, bad]]], eps=0.25)
     assert not v.ok and v.ties == 1 and v.violations == 1
     assert v.first_violations[0]["index"] == 1 and v.first_violations[0]["top1"] == 7
     assert abs(v.max_tie_margin - 0.10) < 1e-6
 
 
 def test_nothing_checked_is_not_a_pass():
-    assert not lossless.check([[1]], [[None]]).ok
+    assert not lossless.check([[1]], [[[None]]]).ok
 
 
 def test_merge_adds_up():
-    a = lossless.check([[5]], [[_row({5: -0.1, 2: -1.0})]])
-    b = lossless.check([[6]], [[_row({7: -0.1, 6: -5.0})]])
+    a = lossless.check([[5]], [[[_row({5: -0.1, 2: -1.0})]]])
+    b = lossless.check([[6]], [[[_row({7: -0.1, 6: -5.0})]]])
     m = lossless.merge([a, b])
     assert (m.prompts, m.positions, m.violations, m.ok) == (2, 2, 1, False)
+
+
+def test_a_rescoring_that_goes_wrong_once_is_unstable_not_a_violation():
+    good = [_row({5: -0.1, 9: -3.0})]
+    garbage = [_row({9: -0.1, 5: -6.0})]          # the same position scored wrongly in one pass
+    v = lossless.check([[5]], [[good], [garbage]])
+    assert v.ok and v.unstable == 1 and v.violations == 0
+    real = lossless.check([[5]], [[garbage], [garbage]])   # a token the target did not choose, twice
+    assert not real.ok and real.violations == 1 and real.unstable == 0
