@@ -218,8 +218,10 @@ def test_a_fault_in_fp8_stream_on_one_rank_turns_it_off_on_every_rank_together(s
 
 def test_a_planted_all_reduce_difference_turns_the_fused_epilogue_off_on_both_ranks(served):
     log = served["fault"]["log"]
-    off = [ln for ln in log.splitlines() if "the fused two-rank all-reduce epilogue is off on every rank" in ln]
-    assert len(off) == 2, log[-3000:]  # one line per rank, the same verdict
-    assert all("(rank 1: M=1: sum (new residual): 1 of 256 differ against gloo's all-reduce + add_rms_quant)"
-               in ln for ln in off), off
+    why = "(rank 1: M=1: sum (new residual): 1 of 256 differ against gloo's all-reduce + add_rms_quant)"
+    off = [ln for ln in log.splitlines()
+           if "radiance: fp8-stream: the fused two-rank all-reduce epilogue is off on every rank" in ln]
+    assert len(off) == 2 and all(why in ln for ln in off), off  # one line per rank, the same verdict
+    installed = [ln for ln in log.splitlines() if "radiance: fp8-stream installed:" in ln]
+    assert len(installed) == 2 and all(why in ln for ln in installed), installed  # and the outcome says it
     assert "proved itself" not in log
