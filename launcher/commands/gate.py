@@ -144,6 +144,7 @@ def _record(profile_path: str, profile, url: str | None, api_key_env: str | None
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
+        used = (f"the gate of {profile.name} uses it on this machine from now on" if not output else
+                f"point the profile's gate.target.reference at it to use it")
         console.out.print(f"reference: {path} (mean NLL {held['mean_nll']:.4f} over {held['tokens']} tokens, "
-                          f"{len(g['outputs'])} greedy outputs of {g['max_tokens']} tokens); the gate of "
-                          f"{profile.name} uses it on this machine from now on")
+                          f"{len(g['outputs'])} greedy outputs of {g['max_tokens']} tokens); {used}")
