@@ -75,3 +75,21 @@ def test_argv_up_to_the_exec_serves_on_the_socket_with_a_fresh_key(tmp_path, mon
     assert len(key) >= 32 and key_file.stat().st_mode & 0o777 == 0o600
     assert seen["env"]["VLLM_API_KEY"] == key and key not in " ".join(argv)
     assert not sock.exists()
+
+
+def test_a_bad_profile_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """compose's engine reads the profile itself: a mistake there must read as `radiance up`'s does."""
+    mod = _module()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / "profiles" / "tiny-cpu.yaml").read_text().replace("tp: 1", "tp: zero"))
+    monkeypatch.setenv("RADIANCE_PLATFORM", "cpu")
+    assert mod.main([str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad}:") and "parallel.tp" in err[0] and "fix:" in err[0]
+
+
+def test_the_platform_default_is_the_knob(monkeypatch, capsys):
+    mod = _module()
+    monkeypatch.setenv("RADIANCE_PLATFORM", "tpu")
+    assert mod.main(["profiles/tiny-cpu.yaml"]) == 2
+    assert "RADIANCE_PLATFORM='tpu'" in capsys.readouterr().err
