@@ -57,11 +57,17 @@ def _pick(name: str | None) -> DeploymentState:
             raise errors.UsageError(f"no deployment named {name!r} — fix: `radiance status` lists them")
         return st
     states = all_deployments()
-    if len(states) == 1:
-        return states[0]
     if not states:
         raise errors.UsageError("no deployments — fix: `radiance up PROFILE` first")
-    raise errors.UsageError("several deployments — fix: name one: " + ", ".join(s.name for s in states))
+    # A bare command means the deployment that is running; stopped ones only count when nothing runs.
+    live = [s for s in states if s.phase != "stopped" and s.supervisor_alive()]
+    if len(live) == 1:
+        return live[0]
+    if not live and len(states) == 1:
+        return states[0]
+    among = live or states
+    raise errors.UsageError(f"{len(among)} {'running ' if live else ''}deployments — fix: name one: "
+                            + ", ".join(s.name for s in among))
 
 
 def _ray_logs(st: DeploymentState, follow: bool, tail: int | None) -> None:
