@@ -280,6 +280,14 @@ def _yaml() -> YAML:
     return y
 
 
+def line_of(path: str | Path, loc: tuple) -> int | None:
+    """The line of ``loc`` (keys and indexes) in the profile at ``path``, for errors found after loading."""
+    try:
+        return _line(_yaml().load(Path(path).read_text()), loc)
+    except Exception:  # the file was readable a moment ago; a line number is a courtesy
+        return None
+
+
 def _line(root: Any, loc: tuple) -> int | None:
     """Line (1-based) of the deepest key or item in ``loc`` that the document has."""
     node, line = root, (root.lc.line + 1 if isinstance(root, (CommentedMap, CommentedSeq)) else None)

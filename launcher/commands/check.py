@@ -46,4 +46,20 @@ def command(profile_path: str, as_json: bool, runtime: str | None, strict: bool,
         console.print_json(rep.to_dict())
     else:
         render(rep)
+    # vLLM's parser refusing a flag is a mistake in the profile, not a machine that cannot run it.
+    refused = [f.detail for f in rep.findings if f.check == "vllm_args" and f.status == "fail"]
+    if refused:
+        raise errors.UsageError("\n".join(vllm_args_lines(profile_path, refused)))
     sys.exit(errors.OK if rep.compatible else errors.INCOMPATIBLE)
+
+
+def vllm_args_lines(profile_path: str, problems: list[str]) -> list[str]:
+    """``FILE:LINE: vllm_args.KEY: ...`` for each of vLLM's refusals (which name their key first)."""
+    from ..profile import line_of
+
+    out = []
+    for problem in problems:
+        key = problem.split(":", 1)[0].removeprefix("vllm_args.")
+        line = line_of(profile_path, ("vllm_args", key))
+        out.append(f"{profile_path}:{line}: {problem}" if line else f"{profile_path}: {problem}")
+    return out
