@@ -85,7 +85,37 @@ def cluster(tmp_path_factory):
              env=dict(env, RADIANCE_GATE_FORCE_FAIL="1"))
         yield {"address": address, "env": env, "tmp": tmp}
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        _stop_own_nodes(env["RADIANCE_HOME"])
+
+
+def _own_processes(home: str) -> list[int]:
+    """Every process this module's nodes started (they carry ``RADIANCE_HOME=home``), none other: `ray stop
+    --force` would stop every Ray process on the host, a user's own cluster too."""
+    mark = f"RADIANCE_HOME={home}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    out.append(int(entry))
+            except OSError:
+                continue
+    return out
+
+
+def _stop_own_nodes(home: str, grace: float = 20.0) -> None:
+    import signal
+    import time
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for pid in _own_processes(home):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait
+        while _own_processes(home) and time.monotonic() < deadline:
+            time.sleep(0.5)
 
 
 def _state_api(address: str, what: str) -> list[dict]:
