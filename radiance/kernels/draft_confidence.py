@@ -26,7 +26,7 @@ reduced once, after the loop.
 greedy token (int64, vLLM's next input) and the slot's row for the host, the token ids then the bits
 of their probabilities (int32 [2B]), instead of max and sum. The draft slot then costs the host one
 launch and one copy; casting, dividing and concatenating after the capture cost three launches,
-which on a slow host were most of the per-slot host time (docs/benchmarks.md, issue 19).
+which on a slow host were most of the per-slot host time (docs/benchmarks.md).
 
 Ties resolve to the lowest column, like ``torch.argmax``; the sum's order differs from the
 reference, so sum-exp agrees to fp32 rounding, max and argmax exactly.
@@ -35,8 +35,8 @@ Launch configs are data: ``radiance/configs/draft_confidence/<device>.json`` ((c
 block, unroll, warps, programs per SM, pipeline stages), written by
 ``benchmarks/bench_draft_confidence.py --tune``; without a table the module defaults below apply.
 The public ``draft_confidence`` sends eager CUDA tensors straight to the launcher, past the
-dispatcher (under ``torch.library.custom_op``, which the op no longer uses, that dispatch cost
-~25 us per call on the H200 host, more than the kernel).
+dispatcher: even ``torch.library.Library``'s dispatch costs microseconds a call (``custom_op``'s cost
+~25 us on the H200 host, more than the kernel).
 """
 from __future__ import annotations
 
