@@ -28,10 +28,12 @@ from pathlib import Path
 
 import yaml
 
+from radiance.features import FEATURES
+
 REPO = Path(__file__).resolve().parent.parent
 PLANT = REPO / "tests" / "e2e" / "plant_head_scale"
-DRAFT_SIDE = ("dynamic_draft", "w4_drafter")
-TARGET_SIDE = ("int4_head", "fp8_stream")
+DRAFT_SIDE = tuple(f.name for f in FEATURES if f.side == "draft")
+TARGET_SIDE = tuple(f.name for f in FEATURES if f.side == "target")
 
 
 def _free_port() -> int:
