@@ -33,7 +33,7 @@ def _print_result(st: DeploymentState | None, code: int) -> None:
         console.out.print(f"[green]ready[/green]  {st.gateway_url}/v1  (gate: {st.reason}; "
                           f"`radiance status {st.name}`, `radiance down {st.name}`)")
     elif code == errors.GATE_FAILED:
-        console.out.print(f"[red]gate failed[/red]: {st.reason}")
+        console.out.print(f"[red]gate failed[/red]: {st.reason.removeprefix('gate failed: ')}")
         if st.gate_report:
             console.out.print(f"report: {st.gate_report}")
 
