@@ -28,3 +28,18 @@ def check_knobs() -> None:
         from .. import console
 
         console.warn(f"{name} is set but is not a RADIANCE_* knob; ignored (see radiance/envs.py)")
+
+
+def runnable_here(profile: Profile, profile_path: str, runtime: str | None = None):
+    """The machine's verdict on PROFILE (without the engine's own checks); each failure printed and the
+    command ended with exit 4 when it cannot run here."""
+    from .. import console, preflight
+
+    rep = preflight.assess(profile, runtime=runtime, capabilities=False)
+    if not rep.compatible:
+        for f in rep.findings:
+            if f.status == "fail":
+                console.error(f"{f.check}: {f.detail}")
+        raise errors.LauncherError(f"{profile.name} cannot run here (see `radiance check {profile_path}`)",
+                                   errors.INCOMPATIBLE)
+    return rep

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from .. import console, errors, paths
-from ._common import JSON_OPT, PROFILE_ARG, load
+from ._common import JSON_OPT, PROFILE_ARG, load, runnable_here
 
 
 @click.command("gate")
@@ -87,7 +87,6 @@ def _record(profile_path: str, profile, url: str | None, api_key_env: str | None
     import asyncio
     import json
 
-    from .. import preflight as machine
     from ..gate import target
     from ..gate.client import Client, EndpointUnreachable, RequestFailed
     from ..gate.runner import preflight
@@ -124,14 +123,7 @@ def _record(profile_path: str, profile, url: str | None, api_key_env: str | None
             # The caller vouches that this endpoint serves the profile's model stock.
             doc = asyncio.run(measure(url.rstrip("/"), key, f"endpoint {url.rstrip('/')} (stated stock)"))
         else:
-            rep = machine.assess(profile, capabilities=False)
-            if not rep.compatible:
-                for f in rep.findings:
-                    if f.status == "fail":
-                        console.error(f"{f.check}: {f.detail}")
-                raise errors.LauncherError(f"{profile.name} cannot run here (see `radiance check {profile_path}`)",
-                                           errors.INCOMPATIBLE)
-            doc = asyncio.run(from_stock_engine(rep.platform))
+            doc = asyncio.run(from_stock_engine(runnable_here(profile, profile_path).platform))
     except EndpointUnreachable as exc:
         raise errors.LauncherError(f"endpoint {url} unreachable: {exc}", errors.UNREACHABLE) from None
     except (RequestFailed, target.TargetDataError, ValueError) as exc:

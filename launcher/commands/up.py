@@ -11,10 +11,10 @@ from pathlib import Path
 
 import click
 
-from .. import console, errors, paths, preflight
+from .. import console, errors, paths
 from ..state import DeploymentState
 from ..supervisor import Supervisor, UpOptions
-from ._common import PROFILE_ARG, check_knobs, load
+from ._common import PROFILE_ARG, check_knobs, load, runnable_here
 
 TERMINAL = {"ready", "unready", "failed", "stopped"}
 
@@ -96,14 +96,7 @@ def command(ctx: click.Context, profile_path: str, runtime: str | None, replicas
         platform = profile.runtime.platform
     elif not supervised:
         # A local Ray cluster runs on this machine: the same hardware verdict as the local runtime's.
-        rep = preflight.assess(profile, runtime="local" if runtime == "ray" else runtime, capabilities=False)
-        if not rep.compatible:
-            for f in rep.findings:
-                if f.status == "fail":
-                    console.error(f"{f.check}: {f.detail}")
-            raise errors.LauncherError(f"{profile.name} cannot run here (see `radiance check {profile_path}`)",
-                                       errors.INCOMPATIBLE)
-        platform = rep.platform
+        platform = runnable_here(profile, profile_path, "local" if runtime == "ray" else runtime).platform
     else:
         platform = resolved_platform
 
