@@ -76,7 +76,7 @@ def main() -> int:
             for p, fn in providers.items():
                 if p == "dequant" and m < 64:
                     continue
-                row[f"{p}_eager_us"] = round(speed._time_us(fn, x), 2)
+                row[f"{p}_eager_us"] = round(speed.eager_us(fn, x), 2)
                 row[f"{p}_graph_us"] = round(graph_us(fn, x), 2)
             row["w4_vs_bf16_eager"] = round(row["bf16_eager_us"] / row["w4_eager_us"], 3)
             row["w4_vs_bf16_graph"] = round(row["bf16_graph_us"] / row["w4_graph_us"], 3)

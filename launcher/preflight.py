@@ -95,14 +95,15 @@ def model_facts(profile: Profile) -> feature_table.ModelFacts:
     """The checkpoint's config.json where it is on this machine, else the declared architecture."""
     cfg = None
     path = profile.model.path
-    if path.startswith(BUILTIN_PREFIX) and (paths.REPO_ROOT / "models" / path[len(BUILTIN_PREFIX):]
-                                            / "config.json").is_file():
-        cfg = _read_json(paths.REPO_ROOT / "models" / path[len(BUILTIN_PREFIX):] / "config.json")
-    elif path.startswith(BUILTIN_PREFIX):
-        from .tinymodel import config as tiny
+    if path.startswith(BUILTIN_PREFIX):
+        name = path[len(BUILTIN_PREFIX):]
+        committed = paths.REPO_ROOT / "models" / name / "config.json"   # as engine_args.resolve_model finds it
+        if committed.is_file():
+            cfg = _read_json(committed)
+        else:
+            from .tinymodel import config as tiny
 
-        name = path[len(BUILTIN_PREFIX):].removesuffix("-trained")
-        cfg = tiny.hf_config(bos_id=None, eos_id=0, pad_id=0, arch=tiny.ARCHS[name])
+            cfg = tiny.hf_config(bos_id=None, eos_id=0, pad_id=0, arch=tiny.ARCHS[name.removesuffix("-trained")])
     else:
         local = Path(path).expanduser() / "config.json"
         if local.is_file():

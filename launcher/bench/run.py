@@ -23,19 +23,15 @@ from ..runtime.local import LocalRuntime, _become_subreaper
 from . import plan
 from .lossless import DEFAULT_EPS
 
-PROMPTS = paths.REPO_ROOT / "launcher" / "data" / "prompts" / "v1.jsonl"
-GSM8K = paths.REPO_ROOT / "launcher" / "data" / "gsm8k" / "test.jsonl"
-
-
 def prompt_texts(n: int) -> list[str]:
     """The gate's acceptance prompts (code, JSON, prose), then GSM8K test questions: n distinct texts."""
-    rows = [json.loads(l) for l in PROMPTS.read_text().splitlines() if l.strip()]
-    texts = [r["prompt"] for r in rows if "prompt" in r]  # the chat-formatted ones need a template
-    for line in GSM8K.read_text().splitlines():
-        if len(texts) >= n:
-            break
-        if line.strip():
-            texts.append("Question: " + json.loads(line)["question"] + "\nAnswer:")
+    from ..gate import gsm8k
+    from ..gate.acceptance import load_prompt_set
+
+    # the chat-formatted prompts need a template: plain text only
+    texts = [p.prompt for p in load_prompt_set("v1").prompts if p.prompt is not None]
+    questions = gsm8k.load(None, 0).test
+    texts += ["Question: " + q["question"] + "\nAnswer:" for q in questions[:max(0, n - len(texts))]]
     return texts[:max(n, 1)]
 
 

@@ -471,10 +471,15 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, gro
     """``x [M, K] @ W^T`` for a packed 4-bit W; Triton on GPU tensors, the reference elsewhere."""
     _check(x, qweight, scales, group_size)
     if use_triton(x, qweight, scales) and x.dtype in (torch.bfloat16, torch.float16):
-        if x.shape[0] > LARGE_M:
-            return _dequant_matmul(x, qweight, scales, group_size)
-        return w4a16_gemm_triton(x, qweight, scales, group_size)
+        return _gpu_path(x, qweight, scales, group_size)
     return w4a16_gemm_reference(x, qweight, scales, group_size)
+
+
+def _gpu_path(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The kernel up to LARGE_M rows, dequantise + matmul above (checked inputs)."""
+    if x.shape[0] > LARGE_M:
+        return _dequant_matmul(x, qweight, scales, group_size)
+    return w4a16_gemm_triton(x, qweight, scales, group_size)
 
 
 @w4a16_gemm.register_fake
@@ -489,9 +494,7 @@ def gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_siz
     ``torch.ops.radiance.w4a16_gemm``."""
     if eager_gpu_call(x, qweight, scales) and x.dtype in (torch.bfloat16, torch.float16):
         _check(x, qweight, scales, group_size)
-        if x.shape[0] > LARGE_M:
-            return _dequant_matmul(x, qweight, scales, group_size)
-        return w4a16_gemm_triton(x, qweight, scales, group_size)
+        return _gpu_path(x, qweight, scales, group_size)
     return torch.ops.radiance.w4a16_gemm(x, qweight, scales, group_size)
 
 

@@ -57,7 +57,7 @@ def shapes_from_config(cfg) -> Shapes:
                   max_rows=max_rows)
 
 
-def _time_us(fn, x: torch.Tensor) -> float:
+def eager_us(fn, x: torch.Tensor) -> float:
     for _ in range(WARMUP):
         fn(x)
     torch.cuda.synchronize(x.device)
@@ -76,7 +76,7 @@ def compare(bf16_head, w4_head, hidden: int, dtype: torch.dtype, device: torch.d
     cost: dict[int, tuple[float, float]] = {}
     for m in rows:
         x = torch.randn((m, hidden), generator=gen, device=device).to(dtype)
-        cost[m] = (_time_us(w4_head, x), _time_us(bf16_head, x))
+        cost[m] = (eager_us(w4_head, x), eager_us(bf16_head, x))
     out = []
     for b in shapes.batches():
         calls = shapes.calls(b)
