@@ -128,6 +128,7 @@ def _report(profile: Profile, profile_path: str, platform: str, opts: Options, c
         "kind": "radiance-bench", "date": started.isoformat(timespec="seconds"), "device": device,
         "commit": commit, "profile": profile_path, "profile_name": profile.name, "platform": platform,
         "model": profile.model.path, "drafter": profile.drafter.model_dump(mode="json"),
+        "vllm_args": dict(profile.vllm_args),
         "vllm": next((r.get("vllm") for r in results if r.get("vllm")), None),
         "torch": next((r.get("torch") for r in results if r.get("torch")), None),
         "options": {"batches": opts.batches, "max_tokens": opts.max_tokens, "prompt_tokens": opts.prompt_tokens,

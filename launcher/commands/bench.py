@@ -33,6 +33,29 @@ def _engine_env(items: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _with_vllm_args(profile, items: tuple[str, ...]):
+    """The profile with --vllm-arg overrides, validated by the profile's own rules (a managed flag is refused)."""
+    if not items:
+        return profile
+    from ruamel.yaml import YAML
+
+    from ..profile import Profile
+
+    args = dict(profile.vllm_args)
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise errors.UsageError(f"--vllm-arg {item!r}: expected KEY=VALUE — fix: e.g. --vllm-arg enforce-eager=true")
+        args[key] = YAML(typ="safe").load(raw) if raw.strip() else None
+    from pydantic import ValidationError
+
+    try:
+        return Profile.model_validate({**profile.model_dump(), "vllm_args": args})
+    except ValidationError as exc:
+        msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise errors.UsageError(f"--vllm-arg: vllm_args.{msg}") from None
+
+
 def _table(report: dict) -> None:
     rows = []
     for s in report["sets"]:
@@ -81,10 +104,13 @@ def _table(report: dict) -> None:
               help="Write the JSON report here (default: $RADIANCE_HOME/reports/bench-PROFILE-TIME.json).")
 @click.option("--engine-env", multiple=True, metavar="NAME=VALUE",
               help="Extra environment for every engine (repeatable), e.g. VLLM_LOGGING_LEVEL=DEBUG.")
+@click.option("--vllm-arg", "vllm_arg", multiple=True, metavar="KEY=VALUE",
+              help="Override one of the profile's vllm_args for every set (repeatable), e.g. enforce-eager=true; "
+                   "recorded in the report.")
 @JSON_OPT
 def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens: int, prompt_tokens: int,
             repeat: int, lossless_raw: str, eps: float | None, platform: str, commit: str | None,
-            out_path: str | None, engine_env: tuple[str, ...], as_json: bool) -> None:
+            out_path: str | None, engine_env: tuple[str, ...], vllm_arg: tuple[str, ...], as_json: bool) -> None:
     """Run PROFILE's model stock and with its feature sets, at each batch size, through vLLM's offline
     engine (one fresh engine per set, started exactly as `radiance up` starts it), and print decode
     tok/s, ms per step, acceptance and the lossless check. Writes a JSON report (date, device, commit).
@@ -96,7 +122,7 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
     from ..bench.lossless import DEFAULT_EPS
     from ..preflight import resolve_platform
 
-    profile = load(profile_path)
+    profile = _with_vllm_args(load(profile_path), vllm_arg)
     check_knobs()
     batches = _ints("--batch", batch_raw)
     lossless_batches = [] if lossless_raw.strip().lower() == "none" else _ints("--lossless", lossless_raw)

@@ -1,0 +1,31 @@
+"""`radiance bench --vllm-arg KEY=VALUE`: overrides one of the profile's vllm_args under the profile's own rules."""
+import pytest
+
+from launcher import errors
+from launcher.commands import bench
+from launcher.commands._common import load
+
+PROFILE = "profiles/qwen3.5-27b-dummy-tp1.yaml"
+
+
+def test_override_parses_yaml_scalars_and_keeps_the_rest():
+    p = bench._with_vllm_args(load(PROFILE), ("enforce-eager=true", "max-num-seqs=16"))
+    assert p.vllm_args["enforce-eager"] is True
+    assert p.vllm_args["max-num-seqs"] == 16
+    assert p.vllm_args["load-format"] == "dummy"
+    assert p.name == "qwen3.5-27b-dummy-tp1" and p.model.path == "builtin:qwen3.5-27b-shape"
+
+
+def test_no_override_is_the_same_profile():
+    p = load(PROFILE)
+    assert bench._with_vllm_args(p, ()) is p
+
+
+@pytest.mark.parametrize("item,needle", [
+    ("tensor-parallel-size=2", "parallel.tp"),
+    ("--enforce-eager=true", "without dashes"),
+    ("enforce-eager", "KEY=VALUE"),
+])
+def test_bad_override_is_a_usage_error(item, needle):
+    with pytest.raises(errors.UsageError, match=needle):
+        bench._with_vllm_args(load(PROFILE), (item,))
