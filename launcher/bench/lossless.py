@@ -11,6 +11,12 @@ the token's own; twice, in opposite batch orders) and looks at each output posit
   between the prefill's and the decode's batch shapes): a tie, counted and reported with its margin;
 * otherwise: a violation, which fails the check.
 
+A prompt whose first output token is a violation in every pass is set aside as *unscorable*: that token
+comes from the target's own prefill of the prompt, before any draft exists, so a re-scoring that
+disagrees with it is disagreeing with the engine's prefill, not with speculative decoding (seen on the
+H200 for a lone re-scored request: every position off by 3-9 nats, the first included). Such prompts are
+counted and reported; a check left with no scorable prompt is inconclusive, never a pass.
+
 Logprob differences are logit differences (log-softmax shifts every entry of a row alike), so ``eps``
 is in logit units. The same check runs on stock, which calibrates it: stock never violates it either.
 """
@@ -36,6 +42,7 @@ class Verdict:
     ties: int = 0
     violations: int = 0
     unstable: int = 0       # positions the independent re-scorings classify differently
+    unscorable: int = 0     # prompts whose re-scoring disagrees with the engine's prefill (position 0)
     max_tie_margin: float = 0.0
     first_violations: list[dict] = field(default_factory=list)   # up to 8, for the report
     eps: float = DEFAULT_EPS
@@ -44,9 +51,15 @@ class Verdict:
     def ok(self) -> bool:
         return self.positions > 0 and self.violations == 0
 
+    @property
+    def inconclusive(self) -> bool:
+        """Nothing could be scored because every prompt's re-scoring disagreed with the prefill."""
+        return self.positions == 0 and self.unscorable > 0
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["ok"] = self.ok
+        d["inconclusive"] = self.inconclusive
         return d
 
 
@@ -83,6 +96,9 @@ def check(outputs: list[list[int]], passes: list[list[list[dict[int, tuple[float
     for prompt_no, out in enumerate(outputs):
         classes = [classify(out, sc[prompt_no], eps) for sc in passes]
         v.prompts += 1
+        if out and all(c and c[0] is not None and c[0][0] == VIOLATION for c in classes):
+            v.unscorable += 1
+            continue
         for j in range(len(out)):
             seen = [c[j] for c in classes if j < len(c) and c[j] is not None]
             if not seen:
@@ -110,6 +126,7 @@ def merge(verdicts: list[Verdict]) -> Verdict:
         out.ties += v.ties
         out.violations += v.violations
         out.unstable += v.unstable
+        out.unscorable += v.unscorable
         out.max_tie_margin = max(out.max_tie_margin, v.max_tie_margin)
         out.first_violations += v.first_violations[: 8 - len(out.first_violations)]
     return out

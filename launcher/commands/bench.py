@@ -56,6 +56,15 @@ def _with_vllm_args(profile, items: tuple[str, ...]):
         raise errors.UsageError(f"--vllm-arg: vllm_args.{msg}") from None
 
 
+def _verdict(ll: dict) -> str:
+    aside = f", {ll['unscorable']} unscorable" if ll.get("unscorable") else ""
+    if ll.get("inconclusive"):
+        return f"[yellow]inconclusive[/yellow] ({ll['unscorable']} unscorable)"
+    if ll["ok"]:
+        return f"[green]ok[/green] ({ll['ties']} ties{aside})"
+    return f"[red]{ll['violations']} violations[/red]{aside}"
+
+
 def _table(report: dict) -> None:
     rows = []
     for s in report["sets"]:
@@ -64,8 +73,7 @@ def _table(report: dict) -> None:
             continue
         for r in s["results"]:
             ll = r.get("lossless")
-            verdict = "" if ll is None else (
-                f"[green]ok[/green] ({ll['ties']} ties)" if ll["ok"] else f"[red]{ll['violations']} violations[/red]")
+            verdict = "" if ll is None else _verdict(ll)
             rows.append([s["set"], s["runner"], str(r["batch"]), f"{r['decode_tok_s']:.0f}",
                          f"{r['vs_stock']:.2f}x" if "vs_stock" in r else "",
                          f"{r['ms_per_step']:.2f}",
@@ -157,7 +165,11 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
         _table(report)
         console.info(f"report: {out}")
     failed = [s["set"] for s in report["sets"] if "error" in s]
-    lossy = [s["set"] for s in report["sets"] if s.get("lossless") and not s["lossless"]["ok"]]
+    lossy = [s["set"] for s in report["sets"] if s.get("lossless") and s["lossless"]["violations"]]
+    unsure = [s["set"] for s in report["sets"] if s.get("lossless") and not s["lossless"]["positions"]]
+    if unsure:
+        console.warn(f"bench: the lossless check could not score set(s) {', '.join(unsure)}: every re-scored "
+                     "prompt disagreed with the engine's own prefill (see 'unscorable' in the report)")
     if failed:
         raise errors.LauncherError(f"bench: set(s) {', '.join(failed)} failed (report: {out})")
     if lossy:

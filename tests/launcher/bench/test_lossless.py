@@ -29,9 +29,10 @@ def test_nothing_checked_is_not_a_pass():
 
 def test_merge_adds_up():
     a = lossless.check([[5]], [[[_row({5: -0.1, 2: -1.0})]]])
-    b = lossless.check([[6]], [[[_row({7: -0.1, 6: -5.0})]]])
-    m = lossless.merge([a, b])
-    assert (m.prompts, m.positions, m.violations, m.ok) == (2, 2, 1, False)
+    b = lossless.check([[5, 6]], [[[_row({5: -0.1, 2: -1.0}), _row({7: -0.1, 6: -5.0})]]])
+    c = lossless.check([[6]], [[[_row({7: -0.1, 6: -5.0})]]])      # unscorable: its prefill token disagrees
+    m = lossless.merge([a, b, c])
+    assert (m.prompts, m.positions, m.violations, m.unscorable, m.ok) == (3, 3, 1, 1, False)
 
 
 def test_a_rescoring_that_goes_wrong_once_is_unstable_not_a_violation():
@@ -39,5 +40,28 @@ def test_a_rescoring_that_goes_wrong_once_is_unstable_not_a_violation():
     garbage = [_row({9: -0.1, 5: -6.0})]          # the same position scored wrongly in one pass
     v = lossless.check([[5]], [[good], [garbage]])
     assert v.ok and v.unstable == 1 and v.violations == 0
-    real = lossless.check([[5]], [[garbage], [garbage]])   # a token the target did not choose, twice
+    first = [_row({4: -0.1, 3: -3.0})]
+    real = lossless.check([[4, 5]], [[first + garbage], [first + garbage]])   # not the target's choice, twice
     assert not real.ok and real.violations == 1 and real.unstable == 0
+
+
+def test_a_prompt_whose_prefill_token_disagrees_is_unscorable_not_a_violation():
+    # Position 0 is the target's own prefill argmax: no draft made it, so a re-scoring that disagrees there
+    # disagrees with the engine's prefill. The prompt is set aside; the other prompt still counts.
+    off = [_row({9: -0.1, 5: -6.0}), _row({8: -0.1, 6: -4.0})]
+    good = [_row({5: -0.1, 9: -3.0}), _row({6: -0.1, 8: -3.0})]
+    v = lossless.check([[5, 6], [5, 6]], [[off, good], [off, good]])
+    assert v.unscorable == 1 and v.positions == 2 and v.ok and not v.inconclusive
+
+
+def test_only_unscorable_prompts_is_inconclusive_not_a_pass():
+    off = [_row({9: -0.1, 5: -6.0})]
+    v = lossless.check([[5]], [[off], [off]])
+    assert not v.ok and v.inconclusive and v.as_dict()["inconclusive"] is True
+
+
+def test_a_wrong_draft_after_a_correct_first_token_is_still_a_violation():
+    # What an accept-everything drafter does: the prefill token is right, later ones are not.
+    rows = [_row({5: -0.1, 9: -3.0}), _row({7: -0.1, 6: -5.0})]
+    v = lossless.check([[5, 6]], [[rows], [rows]])
+    assert not v.ok and v.violations == 1 and v.unscorable == 0
