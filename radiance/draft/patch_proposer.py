@@ -34,8 +34,6 @@ Fail closed:
 """
 from __future__ import annotations
 
-import logging
-
 from .. import envs
 from ..patching import Patch, resolve
 from .controller import DraftPolicy
@@ -44,8 +42,6 @@ from .slot_capture import _PROPOSER, ProposerHooks, SlotCapture
 from .step_control import _RUNNER, _V2_REASON, _WORKER, RunnerHooks, StepControl, WorkerHooks
 from .telemetry import DraftCounters
 from .tp_exchange import TpExchange
-
-logger = logging.getLogger("radiance")
 
 
 def _vllm_config_v2() -> bool | None:
