@@ -3,7 +3,7 @@ slot's forward runs (look-ahead), through the plugin's own hooks and controller.
 
     python benchmarks/bench_draft_lookahead.py [--json out.json] [--steps 40] [--batches 1,8,32] [--ks 2,4,8]
 
-What runs is radiance's code: ``DynamicDraftPatch.start_step``, its wrapped ``propose`` and
+What runs is radiance's code: ``DynamicDraftPatch.start_step``, the proposer's hooks ``propose`` and
 ``_sample_draft_tokens`` (the capture kernel, the host copy, the controller, the loop-break), around a
 stand-in for vLLM's MTP drafting loop (vLLM cannot run on this GPU host): per slot, the forward is
 drafter-sized work at Qwen3.5-27B's TP=2 per-rank shapes -- a 17408x5120 bf16 GEMV (the MTP layer's
@@ -39,6 +39,8 @@ sys.path.insert(0, str(REPO))
 
 from radiance.draft import patch_proposer as pp  # noqa: E402
 from radiance.draft.controller import DraftPolicy  # noqa: E402
+from radiance.draft.lookahead import _HostRing  # noqa: E402
+from radiance.draft.slot_capture import ProposerHooks  # noqa: E402
 
 # vLLM's TP group is a boundary that does not exist on this host (no vLLM): one rank. (Asked of
 # vLLM, the question costs a cached attribute lookup; a failing import would cost far more.)
@@ -140,6 +142,9 @@ class Drafter:
             out.append(tok)
         return torch.stack(out, dim=1)
 
+    # vLLM's names: what the proposer's hooks replace (each mode below hooks them, then reverts)
+    propose, _sample_draft_tokens = stock_propose, stock_sample
+
 
 def make_logits(confs: list[list[float]], k: int) -> list[torch.Tensor]:
     """Per slot, [B, VOCAB] logits whose top-1 probability is each request's recorded confidence."""
@@ -173,7 +178,6 @@ def run_config(b: int, k: int, graph: bool, trajs: list[list[float]], steps: int
     _sync()
     slot_us = (time.perf_counter() - t0) * 1e6 / n  # the host is far ahead: this is device time
     # vLLM's loop without the patch, n forwards: what a step costs with no per-slot decision at all
-    drafter._sample_draft_tokens = types.MethodType(Drafter.stock_sample, drafter)
     drafter.slot_logits = make_logits([trajs[i % len(trajs)] for i in range(b)], k)
     stock_us = {}
     for fw in range(1, k + 1):
@@ -190,7 +194,7 @@ def run_config(b: int, k: int, graph: bool, trajs: list[list[float]], steps: int
     # the host copy of the slot, the next input): the floor of the gap; above it, the device waited
     floor_gaps = []
     if DEV == "cuda":
-        ring = pp._HostRing()
+        ring = _HostRing()
         for rep in range(3):
             drafter.timeline = []
             for j in range(8):
@@ -215,8 +219,8 @@ def run_config(b: int, k: int, graph: bool, trajs: list[list[float]], steps: int
         patch = pp.DynamicDraftPatch()
         patch.policy = DraftPolicy()
         patch.lookahead = mode
-        drafter._sample_draft_tokens = types.MethodType(patch._make_sample(Drafter.stock_sample), drafter)
-        propose = types.MethodType(patch._make_propose(Drafter.stock_propose), drafter)
+        patch.hook(ProposerHooks, owner=Drafter)  # the proposer's hooks, as on vLLM's proposer
+        propose = drafter.propose
         walls, fws, decided, all_drafts, excess, hosts, starts, gaps = [], [], [], [], [], [], [], []
         # pass 0 times the steps; pass 1 repeats them with an event around each forward (the device's
         # idle time between forwards; the event records cost host time, so walls come from pass 0)
@@ -251,6 +255,7 @@ def run_config(b: int, k: int, graph: bool, trajs: list[list[float]], steps: int
                 fws.append(drafter.forwards)
                 decided.append(patch.slots_observed)
         drafter.timeline = None
+        patch.revert()
         wall = statistics.median(walls)
         fw = statistics.mean(fws)
         slots = statistics.mean(decided)
@@ -284,7 +289,7 @@ def host_costs(b: int, k: int) -> dict:
     from radiance.draft.controller import StepController
 
     t = torch.zeros(3 * b, dtype=torch.int32, device=DEV)
-    ring = pp._HostRing()
+    ring = _HostRing()
     pol = DraftPolicy()
     conts, clens = [[-1] * k for _ in range(b)], [0] * b
     toks, confs = list(range(b)), [0.5] * b

@@ -6,6 +6,10 @@ and the process it must run in. ``install()`` either applies the patch or declin
 with one log line; it never raises. Replaced attributes keep the original reachable as
 ``_orig_<attr>`` on their owner and can be reverted (tests do).
 
+Replacement code is written as ``Hooks``: a class whose methods, named like the vLLM attributes
+they replace, are put on the vLLM class by ``Patch.hook``. In them ``self`` is the vLLM object,
+``self._orig_<name>(...)`` the original, and the patch (the feature's state) one named attribute.
+
 A replacement that raises at run time should be wrapped with ``fail_closed``: the first
 exception latches the patch off for the rest of the process and the original runs.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 import os
 import threading
@@ -66,6 +71,27 @@ def resolve(path: str) -> tuple[Any, str, Any]:
 
 
 _INHERITED = object()
+_ADDED = object()  # an attribute the patch put where there was none: reverted by deleting it
+
+
+class Hooks:
+    """The replacement code for one vLLM class, written as that class's own methods.
+
+    Subclass with ``target`` (the class's dotted path) and ``via`` (the attribute under which the
+    patch is reached from the vLLM object), and define methods named like the attributes they
+    replace. In their bodies ``self`` is the vLLM object, ``self._orig_<name>(...)`` runs the
+    original and ``self.<via>`` is the patch: the feature's state and logic, one explicit object.
+    Nothing else is defined here: helpers belong on the patch. ``Patch.hook`` puts them in place,
+    ``Patch.revert`` takes them off.
+    """
+
+    target: str = ""
+    via: str = ""
+
+    @classmethod
+    def replacements(cls) -> dict[str, Callable]:
+        """Every function defined in the class body, by the name it replaces."""
+        return {name: fn for name, fn in vars(cls).items() if inspect.isfunction(fn) and not name.startswith("__")}
 
 
 @dataclass
@@ -120,9 +146,28 @@ class Patch:
         setattr(owner, attr, new)
         self._replaced.append((owner, attr, orig if own else _INHERITED))
 
+    def hook(self, hooks: type[Hooks], owner: Any = None) -> None:
+        """Put ``hooks``' methods on ``owner`` (by default the class its ``target`` names), each in place
+        of the attribute of its name, and this patch on ``owner`` as ``hooks.via``. An attribute
+        another patch already replaced is refused (raises): its original, reached as
+        ``_orig_<name>``, would be lost."""
+        if owner is None:
+            owner = resolve(hooks.target)[2]
+        names = hooks.replacements()
+        for name in names:
+            if f"_orig_{name}" in vars(owner):
+                raise RuntimeError(f"{getattr(owner, '__name__', owner)}.{name} is replaced already")
+        if vars(owner).get(hooks.via) is not self:
+            had = hooks.via in vars(owner)
+            orig = getattr(owner, hooks.via) if had else _ADDED
+            setattr(owner, hooks.via, self)
+            self._replaced.append((owner, hooks.via, orig))
+        for name, fn in names.items():
+            self.replace(owner, name, fn)
+
     def revert(self) -> None:
         for owner, attr, orig in reversed(self._replaced):
-            if orig is _INHERITED:
+            if orig is _INHERITED or orig is _ADDED:
                 delattr(owner, attr)
             else:
                 setattr(owner, attr, orig)

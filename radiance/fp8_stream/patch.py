@@ -1,15 +1,16 @@
 """The fp8-stream patch: plan and install the contract on every Qwen3-Next model vLLM loads.
 
-Hooks (vLLM 0.32.0):
-  * ``BaseModelLoader.load_model`` -- after the stock load (weights processed), find the
-    Qwen3NextModel core, plan it (plan.py: every guard of the seed) and install the plan
+Hooks (vLLM 0.32.0; each a ``Hooks`` class below, whose methods are the replacement code and reach
+the patch as ``self._radiance_fp8_stream_patch``):
+  * ``BaseModelLoader.load_model`` (``LoaderHooks``) -- after the stock load (weights processed),
+    find the Qwen3NextModel core, plan it (plan.py: every guard of the seed) and install the plan
     (contract.py), or decline with one log line; the model returned is stock on any error.
-  * ``EagleModelMixin._set_aux_hidden_state_layers`` and, where vLLM's Qwen3.5 module loads,
-    ``Qwen3_5ForCausalLMBase.set_aux_hidden_state_layers`` (it writes the core's taps itself,
-    past the mixin) -- the model runner sets DFlash / EAGLE-3 hidden-state taps *after*
-    load_model; on an installed model the plan is made again around them (plan.py: the tapped
-    layers' down sites keep the stock contract), so a DFlash drafter and fp8-stream run
-    together; if the new plan declines, the contract comes off (one warning).
+  * ``EagleModelMixin._set_aux_hidden_state_layers`` (``TapHooks``) and, where vLLM's Qwen3.5
+    module loads, ``Qwen3_5ForCausalLMBase.set_aux_hidden_state_layers`` (``Qwen35TapHooks``: it
+    writes the core's taps itself, past the mixin) -- the model runner sets DFlash / EAGLE-3
+    hidden-state taps *after* load_model; on an installed model the plan is made again around them
+    (plan.py: the tapped layers' down sites keep the stock contract), so a DFlash drafter and
+    fp8-stream run together; if the new plan declines, the contract comes off (one warning).
 Checked for presence only (``relied_on``): ``Qwen3NextDecoderLayer.forward`` (the body
 contract.py mirrors; each layer is checked to run it, so Qwen3.5's subclass qualifies and a
 layer with its own forward does not), the aux-tap attribute, ``Qwen3NextRMSNorm`` being
@@ -30,21 +31,21 @@ is installed, so vLLM's compile cache must be keyed on the knob (see the report)
 """
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
 
 from .. import envs
-from ..patching import Outcome, Patch, report, resolve
+from ..patching import Hooks, Outcome, Patch, report, resolve
 from . import contract, gdn
 from .plan import find_core, plan_stream, taps_of
 
 logger = logging.getLogger("radiance")
 
 _QWEN3_NEXT = "vllm.model_executor.models.qwen3_next"
-# Setters of the taps that bypass the mixin's (optional: present when the module imports).
-_TAP_SETTERS = ("vllm.model_executor.models.qwen3_5.Qwen3_5ForCausalLMBase.set_aux_hidden_state_layers",)
+_LOADER = "vllm.model_executor.model_loader.base_loader.BaseModelLoader"
+_MIXIN = "vllm.model_executor.models.interfaces.EagleModelMixin"
+VIA = "_radiance_fp8_stream_patch"  # the patch itself, on each hooked vLLM class (Hooks.via)
 
 
 def _parallel_sizes() -> tuple[int, int]:
@@ -187,14 +188,55 @@ def _plan_and_install(core, sizes, *, declined: str, installed: str) -> str:
     return line
 
 
+class LoaderHooks(Hooks):
+    """``BaseModelLoader``: the stock load, then the plan on what it loaded."""
+
+    target = _LOADER
+    via = VIA
+
+    def load_model(self, *args, **kwargs):
+        model = self._orig_load_model(*args, **kwargs)
+        self._radiance_fp8_stream_patch.stream(model)
+        return model
+
+
+class TapHooks(Hooks):
+    """``EagleModelMixin``: the taps a drafter asks for, then the plan again around them."""
+
+    target = _MIXIN
+    via = VIA
+
+    def _set_aux_hidden_state_layers(self, layers, *args, **kwargs):
+        result = self._orig__set_aux_hidden_state_layers(layers, *args, **kwargs)
+        self._radiance_fp8_stream_patch.replan(self)
+        return result
+
+
+class Qwen35TapHooks(Hooks):
+    """``Qwen3_5ForCausalLMBase``, which sets its core's taps past the mixin (hooked where the module
+    imports and the class defines the setter itself)."""
+
+    target = "vllm.model_executor.models.qwen3_5.Qwen3_5ForCausalLMBase"
+    via = VIA
+
+    def set_aux_hidden_state_layers(self, layers, *args, **kwargs):
+        result = self._orig_set_aux_hidden_state_layers(layers, *args, **kwargs)
+        self._radiance_fp8_stream_patch.replan(self)
+        return result
+
+
+# Setters of the taps that bypass the mixin's (optional: present when the module imports).
+_TAP_SETTERS = (Qwen35TapHooks,)
+
+
 class Fp8StreamPatch(Patch):
     name = PATCH_NAME
     feature = "fp8_stream"
     # Only class attributes of the loader and of the EAGLE mixin are replaced; the plan is
     # made per loaded model, in whichever process loads one.
     hook_points = (  # replaced
-        "vllm.model_executor.model_loader.base_loader.BaseModelLoader.load_model",
-        "vllm.model_executor.models.interfaces.EagleModelMixin._set_aux_hidden_state_layers",
+        f"{_LOADER}.load_model",
+        f"{_MIXIN}._set_aux_hidden_state_layers",
     )
     relied_on = (  # read or mirrored, never replaced
         f"{_QWEN3_NEXT}.Qwen3NextDecoderLayer.forward",
@@ -233,48 +275,39 @@ class Fp8StreamPatch(Patch):
         return "fp8-stream taken off on every rank (stock contract)"
 
     def apply(self) -> None:
-        loader_cls, _, load_model = resolve(self.hook_points[0])
-        mixin, _, set_taps = resolve(self.hook_points[1])
-        patch = self
-
-        @functools.wraps(load_model)
-        def load_model_then_stream(loader, *args, **kwargs):
-            model = load_model(loader, *args, **kwargs)
-            if patch.latched_off:
-                return model
+        self.hook(LoaderHooks)
+        self.hook(TapHooks)
+        for hooks in _TAP_SETTERS:
             try:
-                install_on(model)
-            except Exception as exc:  # never fail a load: stock contract instead
-                core = find_core(model)
-                if core is not None:
-                    contract.uninstall(core)
-                patch.latch_off(f"install raised {type(exc).__name__}: {exc}")
-            return model
-
-        def after_taps(setter):
-            @functools.wraps(setter)
-            def set_taps_then_replan(owner, layers, *args, **kwargs):
-                result = setter(owner, layers, *args, **kwargs)
-                core = find_core(owner)
-                if core is not None and not patch.latched_off:
-                    try:
-                        replan_for_taps(core)
-                    except Exception as exc:  # stock contract, never a broken model
-                        contract.uninstall(core)
-                        patch.latch_off(f"re-planning around taps raised {type(exc).__name__}: {exc}")
-                return result
-
-            return set_taps_then_replan
-
-        self.replace(loader_cls, "load_model", load_model_then_stream)
-        self.replace(mixin, "_set_aux_hidden_state_layers", after_taps(set_taps))
-        for path in _TAP_SETTERS:
-            try:
-                owner, attr, setter = resolve(path)
+                owner = resolve(hooks.target)[2]
             except LookupError:
                 continue
-            if attr in vars(owner):
-                self.replace(owner, attr, after_taps(setter))
+            if all(name in vars(owner) for name in hooks.replacements()):
+                self.hook(hooks, owner)
+
+    def stream(self, model) -> None:
+        """After the stock load: plan and install on ``model``; never fails a load (stock contract
+        instead, latched off)."""
+        if self.latched_off:
+            return
+        try:
+            install_on(model)
+        except Exception as exc:  # never fail a load: stock contract instead
+            core = find_core(model)
+            if core is not None:
+                contract.uninstall(core)
+            self.latch_off(f"install raised {type(exc).__name__}: {exc}")
+
+    def replan(self, model) -> None:
+        """The taps of ``model`` were set: plan its core again around them (stock contract, never a
+        broken model, if that raises)."""
+        core = find_core(model)
+        if core is not None and not self.latched_off:
+            try:
+                replan_for_taps(core)
+            except Exception as exc:  # stock contract, never a broken model
+                contract.uninstall(core)
+                self.latch_off(f"re-planning around taps raised {type(exc).__name__}: {exc}")
 
 
 PATCHES = [Fp8StreamPatch()]

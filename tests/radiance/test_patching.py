@@ -109,3 +109,52 @@ def test_canary_every_hook_point_of_every_patch_exists_in_pinned_vllm(monkeypatc
     for patch in patches:
         for path in patch.hook_points:
             patching.resolve(path)  # raises LookupError when missing
+
+
+class Engine:
+    """A stand-in for a vLLM class: one method defined here, one inherited."""
+
+    def step(self, n):
+        return n + 1
+
+
+class Child(Engine):
+    pass
+
+
+class EngineHooks(patching.Hooks):
+    target = f"{__name__}.Engine"
+    via = "_probe_patch"
+
+    def step(self, n):
+        return 10 * self._orig_step(n) + self._probe_patch.bonus
+
+
+class HookingPatch(Patch):
+    name = "hooking"
+    bonus = 3
+
+    def apply(self):
+        self.hook(EngineHooks)
+
+
+def test_hooks_methods_replace_with_one_self_and_revert():
+    orig = Engine.step
+    p = HookingPatch()
+    p.apply()
+    try:
+        assert Engine().step(1) == 23 and Child().step(1) == 23  # the original, then the patch's state
+        assert Engine._orig_step is orig and Engine._probe_patch is p
+        with pytest.raises(RuntimeError, match="replaced already"):  # its original would be lost
+            HookingPatch().hook(EngineHooks)
+    finally:
+        p.revert()
+    assert Engine.step is orig and not hasattr(Engine, "_orig_step") and not hasattr(Engine, "_probe_patch")
+
+
+def test_hooks_on_an_inherited_attribute_revert_by_deleting():
+    p = HookingPatch()
+    p.hook(EngineHooks, owner=Child)
+    assert Child().step(1) == 23 and Engine().step(1) == 2
+    p.revert()
+    assert "step" not in vars(Child) and "_probe_patch" not in vars(Child) and Child().step(1) == 2

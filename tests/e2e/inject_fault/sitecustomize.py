@@ -37,12 +37,12 @@ def _fault_after(real, rank: int, after: int, what: str):
 def _inject() -> None:
     if _DD_RANK is not None:
         try:
-            from radiance.draft import patch_proposer
+            from radiance.draft import tp_exchange
         except Exception:
             pass
         else:
-            patch_proposer.shard_stats = _fault_after(patch_proposer.shard_stats, int(_DD_RANK),
-                                                      int(os.environ.get("E2E_FAULT_AFTER", "0")), "draft slots")
+            tp_exchange.shard_stats = _fault_after(tp_exchange.shard_stats, int(_DD_RANK),
+                                                   int(os.environ.get("E2E_FAULT_AFTER", "0")), "draft slots")
     if _FP8_RANK is not None:
         from radiance.fp8_stream import contract
 

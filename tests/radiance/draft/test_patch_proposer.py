@@ -8,6 +8,9 @@ import torch
 
 from radiance.draft import patch_proposer as pp
 from radiance.draft.controller import DraftPolicy, StepController
+from radiance.draft.lookahead import _host_wait, _HostRing
+from radiance.draft.slot_capture import ProposerHooks
+from radiance.draft.step_control import STEP_ATTR, _Step
 
 vllm = pytest.importorskip("vllm")
 
@@ -58,7 +61,8 @@ def test_outside_the_pinned_range_declines(patch):
 
 class FakeProposer:
     """Stands in for SpecDecodeBaseProposer: ``propose`` runs k forwards, sampling after each,
-    like vLLM's loop, and counts the forwards that really ran."""
+    like vLLM's loop, and counts the forwards that really ran. ``bind`` hooks this class (the
+    fixture's revert takes the hooks off again)."""
 
     def __init__(self, tokens, confs):
         self.tokens, self.confs = tokens, confs  # [k][B]
@@ -76,6 +80,8 @@ class FakeProposer:
     def stock_sample(self, hidden, md):
         return torch.tensor(self.tokens[self.forwards - 1]), None
 
+    propose, _sample_draft_tokens = stock_propose, stock_sample
+
 
 def slot_row(tokens, confs):
     """What the TP=1 capture returns: the tokens, and the host row [ids | probabilities' bits]."""
@@ -87,14 +93,19 @@ def bind(patch, fake, monkeypatch):
     monkeypatch.setattr(pp.DynamicDraftPatch, "_top1", staticmethod(
         lambda proposer, hidden: slot_row(proposer.tokens[proposer.forwards - 1],
                                           proposer.confs[proposer.forwards - 1])))
-    fake._sample_draft_tokens = types.MethodType(patch._make_sample(FakeProposer.stock_sample), fake)
-    return types.MethodType(patch._make_propose(FakeProposer.stock_propose), fake)
+    return hook(patch, fake)
+
+
+def hook(patch, fake):
+    """The proposer's hooks on the fake, as ``apply`` puts them on vLLM's proposer; its ``propose``."""
+    patch.hook(ProposerHooks, owner=FakeProposer)
+    return fake.propose
 
 
 def start(fake, k, cont, clen, ragged, schedule=(), lookahead=False):
     ctl = StepController(DraftPolicy(tau=0.28, schedule=schedule))
     ctl.begin(k, cont, clen)
-    setattr(fake, pp.STEP_ATTR, pp._Step(ctl, k, len(clen), ragged, [f"r{i}" for i in range(len(clen))],
+    setattr(fake, STEP_ATTR, _Step(ctl, k, len(clen), ragged, [f"r{i}" for i in range(len(clen))],
                                          lookahead=lookahead, limit=ctl.limit))
 
 
@@ -114,7 +125,7 @@ def test_loop_break_skips_the_remaining_forwards(patch, monkeypatch, ragged):
         assert out == drafts
     else:  # full width: the draft, then MTP tokens drafted past it, then a repeat
         assert out.tolist() == [[10, 11, 5, 6, 6, 6, 6, 6], [20, 21, 21, 21, 21, 21, 21, 21]]
-    assert getattr(fake, pp.STEP_ATTR).drafts == drafts
+    assert getattr(fake, STEP_ATTR).drafts == drafts
 
 
 @pytest.mark.parametrize("ragged", [True, False])
@@ -132,7 +143,7 @@ def test_lookahead_runs_one_forward_ahead_and_drafts_the_same(patch, monkeypatch
     drafts = [[10, 11, 5, 6], [20, 21]]
     assert (out if ragged else out.tolist()) == (drafts if ragged else
                                                  [[10, 11, 5, 6, 6, 6, 6, 6], [20, 21, 21, 21, 21, 21, 21, 21]])
-    assert getattr(fake, pp.STEP_ATTR).drafts == drafts
+    assert getattr(fake, STEP_ATTR).drafts == drafts
 
 
 def test_lookahead_never_runs_past_the_forward_cap(patch, monkeypatch):
@@ -160,7 +171,7 @@ def test_lookahead_defers_the_ngram_read_to_the_first_decision(patch, monkeypatc
 def test_without_a_step_the_proposer_is_stock(patch, monkeypatch):
     fake = FakeProposer([[1], [2], [3]], [[0.01]] * 3)
     propose = bind(patch, fake, monkeypatch)
-    setattr(fake, pp.STEP_ATTR, None)
+    setattr(fake, STEP_ATTR, None)
     assert propose(3).tolist() == [[1, 2, 3]] and fake.forwards == 3
 
 
@@ -238,8 +249,7 @@ def test_the_exchange_latches_every_rank_at_the_same_slot(patch, monkeypatch, ra
         return (torch.tensor(tokens[proposer.forwards - 1]), torch.tensor([0.9, 0.9]), None, None, [])
 
     monkeypatch.setattr(patch, "_top1_collective", exchange)
-    fake._sample_draft_tokens = types.MethodType(patch._make_sample(FakeProposer.stock_sample), fake)
-    propose = types.MethodType(patch._make_propose(FakeProposer.stock_propose), fake)
+    propose = hook(patch, fake)
     start(fake, 4, [[-1] * 4, [-1] * 4], [0, 0], ragged=False)
     out = propose(4)
     assert patch.latched_off and seen == [0, 1]
@@ -265,7 +275,7 @@ def test_the_stats_exchange_carries_a_peer_fault(patch, monkeypatch):
                                _apply_head=lambda head, h, bias: logits)
     model = types.SimpleNamespace(logits_processor=lp, lm_head=types.SimpleNamespace(shard_indices=shard))
     proposer = types.SimpleNamespace(model=model)
-    step = pp._Step(None, 4, 3, False, ["a", "b", "c"])
+    step = _Step(None, 4, 3, False, ["a", "b", "c"])
     token, conf, _, why, faulted = patch._top1_collective(proposer, torch.zeros(3, 8), step)
     assert token is None and faulted == [1] and why is None
     # look-ahead: the flags travel on (no host read here) and the faulted rows' tokens stay valid ids
@@ -297,8 +307,7 @@ def test_with_lookahead_the_fault_flags_travel_with_the_slot(patch, monkeypatch,
         return torch.tensor(tokens[proposer.forwards - 1]), torch.tensor([0.9, 0.9]), flags, why, []
 
     monkeypatch.setattr(patch, "_top1_collective", exchange)
-    fake._sample_draft_tokens = types.MethodType(patch._make_sample(FakeProposer.stock_sample), fake)
-    propose = types.MethodType(patch._make_propose(FakeProposer.stock_propose), fake)
+    propose = hook(patch, fake)
     start(fake, 4, [[-1] * 4, [-1] * 4], [0, 0], ragged=False, lookahead=True)
     out = propose(4)
     assert patch.latched_off and fake.forwards == 4
@@ -308,20 +317,20 @@ def test_with_lookahead_the_fault_flags_travel_with_the_slot(patch, monkeypatch,
 
 def test_host_ring_cpu_tensor_is_a_plain_copy():
     t = torch.arange(6, dtype=torch.int32).view(2, 3)
-    host, event = pp._HostRing().copy(pp._HostRing.SLOT, t)
+    host, event = _HostRing().copy(_HostRing.SLOT, t)
     t.zero_()
     assert event is None and host.tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
 @pytest.mark.gpu
 def test_host_ring_rows_do_not_alias_and_grow():
-    ring = pp._HostRing()
+    ring = _HostRing()
     a = torch.arange(4, dtype=torch.int32, device="cuda")
     b = torch.arange(600, dtype=torch.int32, device="cuda").view(2, 300)  # wider than the first buffer
     ca = ring.copy(ring.SLOT, a)
     cb = ring.copy(ring.SLOT + 20, b)  # a row past the first allocation
     cn = ring.copy(ring.NGRAM, a * 7)
-    assert pp._host_wait(ca).tolist() == [0, 1, 2, 3]
-    assert pp._host_wait(cb).tolist() == b.cpu().tolist()
-    assert pp._host_wait(cn).tolist() == [0, 7, 14, 21]
+    assert _host_wait(ca).tolist() == [0, 1, 2, 3]
+    assert _host_wait(cb).tolist() == b.cpu().tolist()
+    assert _host_wait(cn).tolist() == [0, 7, 14, 21]
     assert ca[0].is_pinned() and cb[0].is_pinned()

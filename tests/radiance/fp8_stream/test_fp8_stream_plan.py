@@ -445,6 +445,36 @@ def test_aux_taps_after_install_replan_around_them(dense_core, caplog, monkeypat
     assert not hasattr(EagleModelMixin, "_orig__set_aux_hidden_state_layers")
 
 
+def test_the_loader_hook_streams_what_was_loaded_and_fails_closed(dense_core, monkeypatch):
+    """``LoaderHooks.load_model`` on a stand-in loader: the stock load, then the plan; an install that
+    raises leaves the loaded model stock and latches the patch off."""
+    from radiance.fp8_stream import patch as patch_mod
+
+    monkeypatch.setattr(patch_mod, "_parallel_sizes", lambda: (2, 1))
+    monkeypatch.setenv("RADIANCE_FP8_STREAM_FUSED_AR", "0")
+
+    class Loader:
+        def load_model(self, *args, **kwargs):
+            return dense_core
+
+    patch = Fp8StreamPatch()
+    patch.hook(patch_mod.LoaderHooks, owner=Loader)
+    try:
+        assert Loader().load_model() is dense_core and contract.installed(dense_core) is not None
+        contract.uninstall(dense_core)
+
+        def boom(model, sizes=None):
+            raise RuntimeError("planted")
+
+        monkeypatch.setattr(patch_mod, "install_on", boom)
+        assert Loader().load_model() is dense_core and contract.installed(dense_core) is None
+        assert patch.latched_off and patch.latch_reason == "install raised RuntimeError: planted"
+    finally:
+        patch.revert()
+        contract.uninstall(dense_core)
+    assert not hasattr(Loader, "_orig_load_model")
+
+
 def test_patch_declines_when_a_relied_on_attribute_is_gone(monkeypatch):
     import vllm
 
