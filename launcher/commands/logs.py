@@ -25,7 +25,9 @@ def command(name: str | None, follow: bool, supervisor: bool, tail: int | None) 
         click.echo(line)
 
 
-def _pick(name: str | None) -> DeploymentState:
+def _pick(name: str | None, live_only: bool = False) -> DeploymentState:
+    """The deployment NAME, or with no name the one that is running. ``live_only``: a stopped one will not
+    do (the command needs its endpoint)."""
     if name:
         st = DeploymentState.load(name)
         if st is None:
@@ -38,6 +40,9 @@ def _pick(name: str | None) -> DeploymentState:
     live = [s for s in states if s.phase != "stopped" and s.supervisor_alive()]
     if len(live) == 1:
         return live[0]
+    if not live and live_only:
+        raise errors.UsageError("no deployment is running — fix: `radiance up PROFILE` first, or name a "
+                                "profile and an endpoint (PROFILE --url URL)")
     if not live and len(states) == 1:
         return states[0]
     among = live or states
