@@ -7,16 +7,19 @@ import os
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import click
 
 from .. import console, errors, paths
+from .. import profile as profile_schema
 from ..state import DeploymentState
 from ..supervisor import Supervisor, UpOptions
 from ._common import PROFILE_ARG, check_knobs, load, runnable_here
 
 TERMINAL = {"ready", "unready", "failed", "stopped"}
+RUNTIME_KINDS = list(typing.get_args(profile_schema.Runtime.model_fields["kind"].annotation))
 
 
 def _existing(name: str) -> DeploymentState | None:
@@ -40,7 +43,7 @@ def _print_result(st: DeploymentState | None, code: int) -> None:
 
 @click.command("up")
 @PROFILE_ARG
-@click.option("--runtime", type=click.Choice(["local", "docker", "ray"]), default=None,
+@click.option("--runtime", type=click.Choice(RUNTIME_KINDS), default=None,
               help="Where the engine runs; default: the profile's runtime.kind. ray: --replicas gated "
                    "replicas as a Ray Serve application.")
 @click.option("--replicas", "replicas_raw", default=None, metavar="N",
