@@ -161,10 +161,6 @@ class LinkedRuntime:
         self.engine: Engine | None = None
 
     @property
-    def hardware(self) -> str:
-        return self.kind
-
-    @property
     def engine_url(self) -> str:
         return self.link.address
 

@@ -331,6 +331,7 @@ def _redact(text: str, spec: EngineSpec) -> str:
 
 class DockerRuntime(HostRuntime):
     kind = "docker"
+    hardware = "docker"
     group_access = True     # the container gets the launcher's group and reaches the socket through it
 
     def __init__(self, image: str | None = None) -> None:

@@ -10,6 +10,7 @@ from .base import Deployment, LinkedRuntime
 
 class ExternalRuntime(LinkedRuntime):
     kind = "external"
+    hardware = "external"
 
     def __init__(self, engine_url: str, engine_key: str | None = None) -> None:
         super().__init__()

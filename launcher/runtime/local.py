@@ -154,6 +154,7 @@ class HostRuntime(LinkedRuntime):
 
 class LocalRuntime(HostRuntime):
     kind = "local"
+    hardware = "local"
 
     @classmethod
     def from_profile(cls, profile, **given) -> "LocalRuntime":
