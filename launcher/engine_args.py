@@ -1,12 +1,15 @@
 """A validated profile turned into what the engine gets: vLLM server arguments and env.
 
 This is the whole contract between the launcher and the plugin: flags for vLLM, and
-``RADIANCE_*`` variables (declared in radiance/envs.py) for the patches.
+``RADIANCE_*`` variables (declared in radiance/envs.py) for the patches. ``from_profile`` is the one
+way there, for every engine radiance starts: the supervisor's (local, docker), a Ray replica's, the
+container entry point's (images/radiance-engine), the stock reference's and the benchmark's.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from .profile import BUILTIN_PREFIX, Profile
 
 # Secrets the engine may need (gated hub models); passed through, never logged or reported.
 PASSTHROUGH_SECRETS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 @dataclass
@@ -25,9 +29,42 @@ class EngineConfig:
     env: dict[str, str]
     model_dir: Path | None          # local directory when the model is on disk
     secret_env: dict[str, str] = field(default_factory=dict)
+    extra_dirs: tuple[Path, ...] = ()   # other local checkpoints the engine reads (a drafter)
 
     def redacted_command(self) -> str:
-        return "python -m vllm.entrypoints.openai.api_server " + " ".join(self.server_args)
+        return f"python -m {ENGINE_MODULE} " + " ".join(self.server_args)
+
+
+def engine_argv(server_args: list[str], python: str = sys.executable) -> list[str]:
+    """The command line of vLLM's API server with these arguments."""
+    return [python, "-m", ENGINE_MODULE, *server_args]
+
+
+def process_env(env: dict[str, str], secret_env: dict[str, str],
+                base: dict[str, str] | None = None) -> dict[str, str]:
+    """The engine process's whole environment: ``base`` (ours by default), the profile's, the secrets."""
+    out = dict(os.environ if base is None else base)
+    out.update(env)
+    out.update(secret_env)
+    return out
+
+
+def from_profile(profile: Profile, *, platform: str, uds: str | None = None, host: str = "127.0.0.1",
+                 port: int = 8000, engine_key: str | None = None, cache_dir: Path | None = None,
+                 repo_root: Path | None = None, environ: dict[str, str] | None = None) -> EngineConfig:
+    """The profile as the engine's command and environment: its model and drafter found (a builtin model
+    generated on first use), then ``build``. ``repo_root``: where ``builtin:`` checkpoints live
+    (default: this checkout's)."""
+    from . import paths
+
+    cache_dir = paths.cache_home() if cache_dir is None else cache_dir
+    repo_root = paths.REPO_ROOT if repo_root is None else repo_root
+    model_arg, model_dir = resolve_model(profile, cache_dir, repo_root)
+    drafter_arg, drafter_dir = resolve_drafter(profile, cache_dir, repo_root)
+    cfg = build(profile, platform=platform, model_arg=model_arg, model_dir=model_dir, host=host, port=port,
+                uds=uds, engine_key=engine_key, environ=environ, drafter_arg=drafter_arg)
+    cfg.extra_dirs = (drafter_dir,) if drafter_dir else ()
+    return cfg
 
 
 def resolve_model(profile: Profile, cache_dir: Path, repo_root: Path) -> tuple[str, Path | None]:

@@ -154,10 +154,31 @@ class Features(_Strict):
 
 
 class Runtime(_Strict):
-    kind: Literal["local", "docker"] = "local"
+    # launcher/runtime/__init__.py names each kind's module; `radiance up --runtime` overrides this.
+    kind: Literal["local", "docker", "ray"] = "local"
     platform: Literal["auto", "rocm", "cuda", "cpu"] = "auto"
     image: Optional[str] = None
     startup_timeout_s: float = Field(default=900.0, gt=0)
+    # kind ray: how many gated replicas Serve runs, and the cluster to join (host:port of its GCS, or
+    # ray://host:10001; unset: RAY_ADDRESS, else a local cluster of the deployment's own).
+    replicas: int = Field(default=1, ge=1)
+    address: Optional[str] = None
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not v.strip():
+            raise ValueError("is empty — fix: the Ray cluster's address (host:port of its GCS, or "
+                             "ray://host:10001), or remove it")
+        return v
+
+    @model_validator(mode="after")
+    def _ray_only(self) -> "Runtime":
+        for name, given in (("replicas", self.replicas != 1), ("address", self.address is not None)):
+            if given and self.kind != "ray":
+                raise _Rule(f"runtime.{name}", f"is for runtime.kind ray (kind is {self.kind!r}) — fix: set "
+                            f"runtime.kind: ray or remove runtime.{name}")
+        return self
 
 
 class Server(_Strict):

@@ -19,7 +19,7 @@ from pathlib import Path
 from .. import console, engine_args, paths
 from ..profile import Profile
 from ..runtime.base import EngineHandle
-from ..runtime.local import LocalRuntime, _become_subreaper
+from ..runtime.local import LocalEngine, _become_subreaper
 from . import plan
 from .lossless import DEFAULT_EPS
 
@@ -58,10 +58,7 @@ def engine_env(fs: plan.FeatureSet, cfg_env: dict[str, str], platform: str) -> d
 
 def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path) -> dict:
     p = plan.with_features(profile, fs.features)
-    model_arg, model_dir = engine_args.resolve_model(p, paths.cache_home(), paths.REPO_ROOT)
-    drafter_arg, _ = engine_args.resolve_drafter(p, paths.cache_home(), paths.REPO_ROOT)
-    cfg = engine_args.build(p, platform=platform, model_arg=model_arg, model_dir=model_dir,
-                            drafter_arg=drafter_arg)
+    cfg = engine_args.from_profile(p, platform=platform)
     env = dict(os.environ)
     env.update(engine_env(fs, cfg.env, platform))
     env.update(opts.engine_env)
@@ -90,7 +87,7 @@ def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
             finally:
                 # The worker's engine core and workers go with it, whatever state it left them in, also
                 # when this process is interrupted.
-                LocalRuntime().stop(EngineHandle(runtime="local", ident=str(proc.pid), spec=None), timeout=20.0)
+                LocalEngine().stop(EngineHandle(runtime="local", ident=str(proc.pid), spec=None), timeout=20.0)
         result = json.loads(out_path.read_text()) if out_path.exists() else {
             "set": fs.name, "error": f"no result after {time.monotonic() - t0:.0f} s (timeout {opts.timeout_s:.0f} s)"}
     result.update(features=list(fs.features), plugin=fs.plugin, runner=fs.runner, log=str(log_path),

@@ -7,6 +7,7 @@ import click
 
 from .. import console, errors, preflight
 from ..images import GPU_TARGETS
+from ..runtime import runtime_class
 
 GPU_ARCHS = {a for targets in GPU_TARGETS.values() for a in targets}
 from ._common import JSON_OPT, PROFILE_ARG, check_knobs, load
@@ -37,7 +38,8 @@ def command(profile_path: str, as_json: bool, runtime: str | None, strict: bool,
     """
     profile = load(profile_path)
     check_knobs()
-    rep = preflight.assess(profile, runtime=runtime, archs=archs)
+    # A ray profile's local cluster meets this machine as the local runtime does.
+    rep = preflight.assess(profile, runtime=runtime or runtime_class(profile.runtime.kind).hardware, archs=archs)
     if strict:
         for f in rep.findings:
             if f.check.startswith("feature ") and f.status == "warn":

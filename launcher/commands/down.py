@@ -8,6 +8,7 @@ import time
 import click
 
 from .. import console, errors
+from ..runtime import runtime_class
 from ..state import all_deployments
 from .logs import _pick
 
@@ -47,37 +48,4 @@ def command(name: str | None, all_: bool, timeout: float) -> None:
 
 def _remove_leftovers(st) -> int:
     """Stop an engine whose supervisor is gone; returns how many were stopped."""
-    if st.runtime == "docker":
-        from ..runtime.docker import DockerRuntime
-
-        try:
-            return DockerRuntime().remove_leftovers(st.name)
-        except Exception as exc:  # no engine reachable: nothing we can remove
-            console.warn(f"{st.name}: could not look for leftover containers: {exc}")
-            return 0
-    if st.runtime == "ray" and st.ray_address:
-        from ..runtime.ray_cluster import RayCluster
-
-        try:  # Serve outlives a driver that was killed: its application (and each replica's engine) goes now
-            cluster = RayCluster(st.name, st.ray_address)
-            cluster.connect()
-            before = cluster.replicas()["status"] != "NOT_FOUND"
-            cluster.teardown()
-            return int(before)
-        except Exception as exc:  # a local cluster ended with its supervisor: nothing is left there
-            console.warn(f"{st.name}: could not reach the Ray cluster at {st.ray_address}: {exc}")
-            return 0
-    if st.runtime == "local" and st.engine_ident.isdigit():
-        pid = int(st.engine_ident)
-        try:  # a recycled pid must not be killed: only a vLLM server started by us
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"vllm.entrypoints" not in f.read():
-                    return 0
-        except OSError:
-            return 0
-        try:
-            os.killpg(pid, signal.SIGKILL)  # the engine runs in its own process group
-            return 1
-        except (ProcessLookupError, PermissionError):
-            return 0
-    return 0
+    return runtime_class(st.runtime).leftovers(st)

@@ -1,4 +1,5 @@
-"""`radiance gate PROFILE --url URL`: the release gate against any running endpoint.
+"""`radiance gate PROFILE --url URL`: the release gate against any running endpoint; `radiance gate [NAME]`:
+against a deployment's gateway (with no name, the one that is running).
 
 `radiance gate PROFILE --record-reference`: record the target check's stock reference on this machine
 (the profile's engine started with its four features off, or the stock endpoint at --url)."""
@@ -11,11 +12,14 @@ from pathlib import Path
 import click
 
 from .. import console, errors, paths
-from ._common import JSON_OPT, PROFILE_ARG, load, runnable_here
+from ..state import DeploymentState
+from ._common import JSON_OPT, load, runnable_here
+from .logs import _pick
 
 
 @click.command("gate")
-@PROFILE_ARG
+@click.argument("profile_path", metavar="[PROFILE|NAME]", required=False, type=click.Path(dir_okay=False),
+                envvar="RADIANCE_PROFILE")
 @click.option("--url", default=None, envvar="RADIANCE_GATE_URL",
               help="Base URL of the OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000; env RADIANCE_GATE_URL). "
                    "Required, except with --record-reference.")
@@ -39,13 +43,21 @@ from ._common import JSON_OPT, PROFILE_ARG, load, runnable_here
 def command(profile_path: str, url: str | None, api_key_env: str | None, baseline_url: str | None, as_json: bool,
             html_path: str | None, reports_dir: str | None, record_reference: bool, output: str | None) -> None:
     """Run PROFILE's gate (smoke, target, acceptance, GSM8K) against URL and exit 0 (pass), 3 (fail)
-    or 5 (endpoint unreachable). The JSON report is saved either way.
+    or 5 (endpoint unreachable). The JSON report is saved either way. Given a deployment's NAME instead,
+    or nothing (the deployment that is running), gate that deployment's gateway with its profile.
 
     With --record-reference, record the target check's reference from a stock run instead (exit 0)."""
     from ..gate import report as gate_report
     from ..gate import target
     from ..gate.runner import EndpointUnreachable, run_gate
 
+    if not profile_path or (not Path(profile_path).exists() and DeploymentState.load(profile_path)):
+        if record_reference:
+            raise errors.UsageError("--record-reference needs PROFILE — fix: radiance gate PROFILE "
+                                    "--record-reference")
+        st = _pick(profile_path, live_only=True)
+        profile_path, url = st.profile_path, url or st.gateway_url
+        api_key_env = api_key_env or st.api_key_env
     profile = load(profile_path)
     if output and not record_reference:
         raise errors.UsageError("--output is for --record-reference — fix: add --record-reference or drop --output")

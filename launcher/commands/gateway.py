@@ -8,6 +8,7 @@ import click
 
 from ..engine_link import read_key_file
 from ..errors import UsageError
+from ..runtime.external import ExternalRuntime
 from ..supervisor import UpOptions
 from ._common import PROFILE_ARG, check_knobs, load
 from .up import _run_foreground
@@ -40,7 +41,6 @@ def command(profile_path: str, engine_url: str, engine_key_file: str | None, hos
                              "engine wrote (radiance-engine --key-file)") from None
     server = profile.server.model_copy(update={k: v for k, v in (("host", host), ("port", port)) if v is not None})
     profile = profile.model_copy(update={"server": server})
-    opts = UpOptions(runtime="external", platform="external", skip_gate=skip_gate,
-                     keep_serving_unready=keep_serving_unready, engine_url=engine_url,
-                     engine_key=engine_key)
-    sys.exit(_run_foreground(profile, profile_path, opts, quiet=True, gate_only=False))
+    opts = UpOptions(platform="external", skip_gate=skip_gate, keep_serving_unready=keep_serving_unready)
+    runtime = ExternalRuntime(engine_url, engine_key)
+    sys.exit(_run_foreground(profile, profile_path, opts, runtime, quiet=True, gate_only=False))

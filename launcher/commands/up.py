@@ -7,16 +7,19 @@ import os
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import click
 
 from .. import console, errors, paths
+from .. import profile as profile_schema
 from ..state import DeploymentState
 from ..supervisor import Supervisor, UpOptions
 from ._common import PROFILE_ARG, check_knobs, load, runnable_here
 
 TERMINAL = {"ready", "unready", "failed", "stopped"}
+RUNTIME_KINDS = list(typing.get_args(profile_schema.Runtime.model_fields["kind"].annotation))
 
 
 def _existing(name: str) -> DeploymentState | None:
@@ -40,13 +43,15 @@ def _print_result(st: DeploymentState | None, code: int) -> None:
 
 @click.command("up")
 @PROFILE_ARG
-@click.option("--runtime", type=click.Choice(["local", "docker", "ray"]), default=None,
+@click.option("--runtime", type=click.Choice(RUNTIME_KINDS), default=None,
               help="Where the engine runs; default: the profile's runtime.kind. ray: --replicas gated "
                    "replicas as a Ray Serve application.")
 @click.option("--replicas", "replicas_raw", default=None, metavar="N",
-              help="--runtime ray: how many replicas (each one the whole appliance with its own gate); default 1.")
+              help="--runtime ray: how many replicas (each one the whole appliance with its own gate); default: "
+                   "the profile's runtime.replicas (1).")
 @click.option("--address", default=None, envvar="RAY_ADDRESS",
-              help="--runtime ray: the Ray cluster to join (env RAY_ADDRESS); default: start a local one.")
+              help="--runtime ray: the Ray cluster to join; default: the profile's runtime.address, else env "
+                   "RAY_ADDRESS, else start a local one.")
 @click.option("--detach", "-d", is_flag=True, help="Return once ready (or failed); keep serving in the background.")
 @click.option("--port", type=int, default=None, envvar="RADIANCE_PORT",
               help="Public port of the gateway (overrides server.port; env RADIANCE_PORT).")
@@ -70,15 +75,14 @@ def command(ctx: click.Context, profile_path: str, runtime: str | None, replicas
     check_knobs()
     if port is not None and port != profile.server.port:
         profile = profile.model_copy(update={"server": profile.server.model_copy(update={"port": port})})
-    runtime = runtime or profile.runtime.kind
+    kind = runtime or profile.runtime.kind
     if skip_gate and gate_only:
         raise errors.UsageError("--skip-gate and --gate-only contradict each other — fix: drop one")
     # RAY_ADDRESS in the environment means nothing to the other runtimes; --address on the line does.
     address_given = ctx.get_parameter_source("address") == click.core.ParameterSource.COMMANDLINE
-    replicas = _ray_options(runtime, replicas_raw, address if runtime == "ray" else None, address_given,
-                            skip_gate, keep_serving_unready, image)
-    if runtime != "ray":
-        address = None
+    rt = _runtime(kind, profile, {"--replicas": replicas_raw, "--address": address if address_given else None,
+                                  "--image": image, "--skip-gate": skip_gate or None,
+                                  "--keep-serving-unready": keep_serving_unready or None})
     if skip_gate:
         console.warn("--skip-gate: the endpoint will be exposed WITHOUT its gate; this is recorded in its status")
 
@@ -88,61 +92,45 @@ def command(ctx: click.Context, profile_path: str, runtime: str | None, replicas
                                    f"{running.supervisor_pid}, {running.gateway_url}) — fix: "
                                    f"`radiance down {profile.name}` first")
 
-    if not supervised and runtime == "ray" and address:
-        # The replicas run on the cluster's nodes, not here: each engine meets its hardware there.
+    elsewhere = rt.elsewhere()
+    if not supervised and elsewhere:
+        # The engines run on other machines: each meets its hardware there.
         if profile.runtime.platform == "auto":
-            raise errors.UsageError(f"{profile_path}: runtime.platform is auto, which says nothing of the Ray "
-                                    "cluster's nodes — fix: set runtime.platform to rocm, cuda or cpu")
+            raise errors.UsageError(f"{profile_path}: runtime.platform is auto, which says nothing of {elsewhere} "
+                                    "— fix: set runtime.platform to rocm, cuda or cpu")
         platform = profile.runtime.platform
     elif not supervised:
-        # A local Ray cluster runs on this machine: the same hardware verdict as the local runtime's.
-        platform = runnable_here(profile, profile_path, "local" if runtime == "ray" else runtime).platform
+        platform = runnable_here(profile, profile_path, rt.hardware).platform
     else:
         platform = resolved_platform
 
     if detach and not supervised:
-        ray_args = ("--replicas", str(replicas)) + (("--address", address) if address else ()) \
-            if runtime == "ray" else ()
-        code = _spawn_detached(profile.name, profile_path, runtime, platform, profile.server.port, skip_gate,
-                               keep_serving_unready, image, ray_args)
+        code = _spawn_detached(profile.name, profile_path, kind, platform, profile.server.port, skip_gate,
+                               keep_serving_unready, rt.argv())
         sys.exit(code)
 
-    opts = UpOptions(runtime=runtime, platform=platform, skip_gate=skip_gate,
-                     keep_serving_unready=keep_serving_unready and not gate_only, image=image,
-                     replicas=replicas, ray_address=address)
-    code = _run_foreground(profile, profile_path, opts, quiet=supervised, gate_only=gate_only)
+    opts = UpOptions(platform=platform, skip_gate=skip_gate,
+                     keep_serving_unready=keep_serving_unready and not gate_only)
+    code = _run_foreground(profile, profile_path, opts, rt, quiet=supervised, gate_only=gate_only)
     sys.exit(code)
 
 
-def _ray_options(runtime: str, replicas_raw: str | None, address: str | None, address_given: bool,
-                 skip_gate: bool, keep_serving_unready: bool, image: str | None) -> int:
-    """--replicas and --address belong to --runtime ray, and ray has no gate to skip; returns the
-    replica count."""
-    if runtime != "ray":
-        for given, flag in ((replicas_raw is not None, "--replicas"), (address_given, "--address")):
-            if given:
-                raise errors.UsageError(f"{flag} needs --runtime ray (the {runtime} runtime runs one engine) — "
-                                        f"fix: add --runtime ray or drop {flag}")
-        return 1
-    try:
-        replicas = int(replicas_raw) if replicas_raw is not None else 1
-    except ValueError:
-        replicas = 0
-    if replicas < 1:
-        raise errors.UsageError(f"--replicas {replicas_raw!r}: expected a whole number >= 1 — fix: e.g. --replicas 2")
-    for given, flag, why in ((skip_gate, "--skip-gate", "a replica takes traffic only once its own gate passed"),
-                             (keep_serving_unready, "--keep-serving-unready",
-                              "Serve replaces a replica that failed its gate, the others keep serving"),
-                             (image is not None, "--image", "each replica runs vLLM in its node's Python")):
-        if given:
-            raise errors.UsageError(f"{flag} does not apply to --runtime ray ({why}) — fix: drop {flag}")
-    if address is not None and not address.strip():
-        raise errors.UsageError("--address is empty — fix: the Ray cluster's address (host:port of its GCS, "
-                                "or ray://host:10001), or leave it out for a local cluster")
-    from ..runtime.ray_cluster import require_ray
+def _runtime(kind: str, profile, given: dict[str, object]):
+    """The runtime ``kind`` built from the profile and the `up` options given (flag -> value, None where
+    not given): an option another runtime takes, or one this runtime refuses, is a usage error."""
+    from ..runtime import RUNTIMES, runtime_class
 
-    require_ray()
-    return replicas
+    cls = runtime_class(kind)
+    owners = {flag: other for other in RUNTIMES if other != kind for flag in runtime_class(other).takes}
+    for flag, value in given.items():
+        if value is not None and flag in owners and flag not in cls.takes:
+            raise errors.UsageError(f"{flag} needs --runtime {owners[flag]} (the {kind} runtime runs one engine) — "
+                                    f"fix: add --runtime {owners[flag]} or drop {flag}")
+    for flag, why in cls.refuses.items():
+        if given.get(flag) is not None:
+            raise errors.UsageError(f"{flag} does not apply to --runtime {kind} ({why}) — fix: drop {flag}")
+    return cls.from_profile(profile, replicas=given["--replicas"], address=given["--address"],
+                            image=given["--image"])
 
 
 def _configure_logging(name: str, quiet: bool) -> None:
@@ -162,7 +150,7 @@ def _configure_logging(name: str, quiet: bool) -> None:
     root.propagate = False
 
 
-def _run_foreground(profile, profile_path: str, opts: UpOptions, *, quiet: bool, gate_only: bool) -> int:
+def _run_foreground(profile, profile_path: str, opts: UpOptions, runtime, *, quiet: bool, gate_only: bool) -> int:
     _configure_logging(profile.name, quiet)
     status = None if quiet else console.err.status(f"{profile.name}: starting", spinner="dots")
 
@@ -173,7 +161,7 @@ def _run_foreground(profile, profile_path: str, opts: UpOptions, *, quiet: bool,
         else:
             print(f"[radiance] {line}", file=sys.stderr, flush=True)
 
-    sup = Supervisor(profile, profile_path, opts, progress=progress)
+    sup = Supervisor(profile, profile_path, opts, runtime, progress=progress)
 
     async def main() -> int:
         if gate_only:
@@ -181,7 +169,7 @@ def _run_foreground(profile, profile_path: str, opts: UpOptions, *, quiet: bool,
             async def stop_when_decided():
                 while sup.gw_state.phase not in ("ready", "unready", "failed"):
                     await asyncio.sleep(0.5)
-                sup._stop.set()
+                sup.stopping.set()
 
             watcher = asyncio.create_task(stop_when_decided())
             try:
@@ -216,7 +204,7 @@ def _print_gate_report(path: str) -> None:
 
 
 def _spawn_detached(name: str, profile_path: str, runtime: str, platform: str, port: int, skip_gate: bool,
-                    keep: bool, image: str | None, extra: tuple[str, ...] = ()) -> int:
+                    keep: bool, extra: tuple[str, ...] = ()) -> int:
     d = paths.deployment_dir(name)
     d.mkdir(parents=True, exist_ok=True)
     for stale in ("state.json",):
@@ -227,8 +215,6 @@ def _spawn_detached(name: str, profile_path: str, runtime: str, platform: str, p
         argv.append("--skip-gate")
     if keep:
         argv.append("--keep-serving-unready")
-    if image:
-        argv += ["--image", image]
     argv += extra
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(d / "supervisor.log", "ab") as log:

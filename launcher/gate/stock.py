@@ -12,7 +12,7 @@ import contextlib
 from pathlib import Path
 from typing import AsyncIterator
 
-from .. import engine_args, engine_link, errors, paths
+from .. import engine_args, engine_link, errors
 from ..engine_link import EngineLink
 from ..runtime.base import EngineSpec
 
@@ -31,35 +31,29 @@ async def serve(profile, platform: str, log_path: Path) -> AsyncIterator[EngineL
     runtime_kind = profile.runtime.kind
     socket_dir = engine_link.private_socket_dir(group_access=runtime_kind == "docker")
     link = EngineLink(f"{engine_link.UNIX}{socket_dir / engine_link.SOCKET_NAME}", engine_link.new_key())
-    runtime = handle = None
+    engine = handle = None
     try:
-        model_arg, model_dir = await asyncio.to_thread(engine_args.resolve_model, stock, paths.cache_home(),
-                                                       paths.REPO_ROOT)
-        drafter_arg, drafter_dir = await asyncio.to_thread(engine_args.resolve_drafter, stock,
-                                                           paths.cache_home(), paths.REPO_ROOT)
-        cfg = engine_args.build(stock, platform=platform, uds=link.uds, engine_key=link.key, model_arg=model_arg,
-                                model_dir=model_dir, drafter_arg=drafter_arg)
+        cfg = await asyncio.to_thread(engine_args.from_profile, stock, platform=platform, uds=link.uds,
+                                      engine_key=link.key)
         image = None
         if runtime_kind == "docker":
             from .. import images
-            from ..runtime.docker import DockerRuntime
+            from ..runtime.docker import DockerEngine
 
             image = images.resolve(stock, platform)[2]
-            runtime = DockerRuntime()
+            engine = DockerEngine()
         else:
-            from ..runtime.local import LocalRuntime
+            from ..runtime.local import LocalEngine
 
-            runtime = LocalRuntime()
+            engine = LocalEngine()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_path.write_text(f"[radiance] stock engine for the target reference: {cfg.redacted_command()}\n")
-        spec = EngineSpec(deployment=stock.name, server_args=cfg.server_args, env=cfg.env, platform=platform,
-                          socket_dir=socket_dir, log_path=log_path, model_dir=model_dir,
-                          extra_dirs=(drafter_dir,) if drafter_dir else (), image=image,
-                          secret_env=cfg.secret_env)
-        handle = await asyncio.to_thread(runtime.start, spec)
+        spec = EngineSpec.of(cfg, deployment=stock.name, platform=platform, log_path=log_path,
+                             socket_dir=socket_dir, image=image)
+        handle = await asyncio.to_thread(engine.start, spec)
 
         async def alive() -> bool:
-            return await asyncio.to_thread(runtime.alive, handle)
+            return await asyncio.to_thread(engine.alive, handle)
 
         try:
             await engine_link.wait_healthy(link, profile.runtime.startup_timeout_s, alive=alive)
@@ -72,5 +66,5 @@ async def serve(profile, platform: str, log_path: Path) -> AsyncIterator[EngineL
         yield link
     finally:
         if handle is not None:
-            await asyncio.to_thread(runtime.stop, handle, 30.0)
+            await asyncio.to_thread(engine.stop, handle, 30.0)
         engine_link.remove_socket_dir(socket_dir)

@@ -1,4 +1,4 @@
-"""The engine in a container, driven through the docker SDK (never the docker CLI).
+"""Runtime "docker": the engine in a container, driven through the docker SDK (never the docker CLI).
 
 The container runs ``python -m vllm.entrypoints.openai.api_server`` with the spec's arguments;
 the gateway and the gate stay on the host. What crosses the boundary:
@@ -29,13 +29,15 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
+from .. import console
+from ..engine_args import ENGINE_MODULE
 from ..engine_link import SOCKET_NAME
 from ..errors import LauncherError
-from .base import EngineHandle, EngineSpec
+from .base import Deployment, EngineHandle, EngineSpec, follow_file
+from .local import HostRuntime
 
 LABEL_DEPLOYMENT = "radiance.deployment"
 LABEL_ROLE = "radiance.role"
-ENGINE_MODULE = "vllm.entrypoints.openai.api_server"
 
 # Where the images keep their caches (images/Dockerfile.*); the volumes mount there.
 CACHE_ROOT = "/var/cache/radiance"
@@ -167,7 +169,7 @@ def container_config(spec: EngineSpec, image: str) -> dict[str, Any]:
     return cfg
 
 
-class DockerRuntime:
+class DockerEngine:
     name = "docker"
 
     def __init__(self, client=None):
@@ -182,7 +184,7 @@ class DockerRuntime:
             self._client = client_from_env(timeout=600)
         return self._client
 
-    # -- Runtime protocol -------------------------------------------------------------------
+    # -- Engine protocol --------------------------------------------------------------------
     def start(self, spec: EngineSpec) -> EngineHandle:
         from docker.errors import APIError, ImageNotFound, NotFound
 
@@ -250,8 +252,6 @@ class DockerRuntime:
         container = self._container(handle)
         if container is None:
             # Removed: what the mirror (or the final dump) wrote is all there is.
-            from .local import follow_file
-
             yield from follow_file(handle.spec.log_path, False, lambda: False)
             return
         from ..images import iter_lines
@@ -327,3 +327,38 @@ def _redact(text: str, spec: EngineSpec) -> str:
         if value:
             text = text.replace(value, "***")
     return text
+
+
+class DockerRuntime(HostRuntime):
+    kind = "docker"
+    hardware = "docker"
+    group_access = True     # the container gets the launcher's group and reaches the socket through it
+
+    def __init__(self, image: str | None = None) -> None:
+        super().__init__()
+        self.given_image = image
+
+    @classmethod
+    def from_profile(cls, profile, *, image: str | None = None, **given) -> "DockerRuntime":
+        return cls(image)
+
+    def argv(self) -> tuple[str, ...]:
+        return ("--image", self.given_image) if self.given_image else ()
+
+    def image(self, dep: Deployment) -> str:
+        if self.given_image is not None:
+            return self.given_image
+        from .. import images
+
+        return images.resolve(dep.profile, dep.platform)[2]
+
+    def new_engine(self) -> DockerEngine:
+        return DockerEngine()
+
+    @classmethod
+    def leftovers(cls, st) -> int:
+        try:
+            return DockerEngine().remove_leftovers(st.name)
+        except Exception as exc:  # no engine reachable: nothing we can remove
+            console.warn(f"{st.name}: could not look for leftover containers: {exc}")
+            return 0

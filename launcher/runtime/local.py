@@ -1,15 +1,17 @@
-"""The engine as a subprocess of this Python environment."""
+"""Runtime "local": the engine as a subprocess of this Python environment, in its own process group."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
+from pathlib import Path
 from typing import Iterator
 
-from .. import procs
-from .base import EngineHandle, EngineSpec
+from .. import engine_args, engine_link, procs
+from ..engine_link import EngineLink
+from .base import Deployment, EngineHandle, EngineSpec, LinkedRuntime, follow_file
 
 
 def _pid_alive(pid: int) -> bool:
@@ -50,7 +52,7 @@ def _reap_group(pgid: int) -> None:
             return
 
 
-class LocalRuntime:
+class LocalEngine:
     name = "local"
 
     def __init__(self, subreaper: bool = True):
@@ -61,11 +63,9 @@ class LocalRuntime:
     def start(self, spec: EngineSpec) -> EngineHandle:
         if self.subreaper:
             _become_subreaper()
-        env = dict(os.environ)
-        env.update(spec.env)
-        env.update(spec.secret_env)
+        env = engine_args.process_env(spec.env, spec.secret_env)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *spec.server_args]
+        argv = engine_args.engine_argv(spec.server_args)
         log = None
         if spec.log_path is not None:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,17 +110,72 @@ class LocalRuntime:
         yield from follow_file(handle.spec.log_path, follow, lambda: self.alive(handle))
 
 
-def follow_file(path, follow: bool, alive) -> Iterator[str]:
-    try:
-        f = open(path, "r", errors="replace")
-    except FileNotFoundError:
-        return
-    with f:
-        while True:
-            line = f.readline()
-            if line:
-                yield line.rstrip("\n")
-                continue
-            if not follow or not alive():
-                return
-            time.sleep(0.25)
+
+class HostRuntime(LinkedRuntime):
+    """An engine on this host, on a private socket with a key of the deployment's (launcher.engine_link):
+    what local and docker share. Subclasses name their Engine and the image it runs, if any."""
+    group_access = False            # the socket directory is the launcher's group's too (a container's user)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.socket_dir: Path | None = None
+
+    def new_engine(self):
+        raise NotImplementedError
+
+    def image(self, dep: Deployment) -> str | None:
+        return None
+
+    def open_link(self, dep: Deployment) -> EngineLink:
+        # The engine's only door: a socket in a directory of ours, and a key of this deployment's.
+        self.socket_dir = engine_link.private_socket_dir(group_access=self.group_access)
+        return EngineLink(f"{engine_link.UNIX}{self.socket_dir / engine_link.SOCKET_NAME}", engine_link.new_key())
+
+    async def start(self, dep: Deployment) -> None:
+        dep.phase("starting", "resolving the model (a builtin model is generated on first use)")
+        cfg = await asyncio.to_thread(engine_args.from_profile, dep.profile, platform=dep.platform,
+                                      uds=self.link.uds, engine_key=self.link.key)
+        log_path = Path(dep.state.engine_log)
+        spec = EngineSpec.of(cfg, deployment=dep.name, platform=dep.platform, log_path=log_path,
+                             socket_dir=self.socket_dir, image=self.image(dep))
+        self.engine = self.new_engine()
+        with open(log_path, "a") as f:
+            f.write(f"[radiance] {cfg.redacted_command()}\n")
+        self.handle = await asyncio.to_thread(self.engine.start, spec)
+        dep.state.engine_ident = self.handle.ident
+        dep.state.save()
+
+    async def stop(self, dep: Deployment, timeout: float) -> None:
+        if self.handle is not None:
+            dep.phase("stopping", "stopping the engine")
+            await asyncio.to_thread(self.engine.stop, self.handle, timeout)
+        engine_link.remove_socket_dir(self.socket_dir)
+
+
+class LocalRuntime(HostRuntime):
+    kind = "local"
+    hardware = "local"
+
+    @classmethod
+    def from_profile(cls, profile, **given) -> "LocalRuntime":
+        return cls()
+
+    def new_engine(self) -> LocalEngine:
+        return LocalEngine()
+
+    @classmethod
+    def leftovers(cls, st) -> int:
+        if not st.engine_ident.isdigit():
+            return 0
+        pid = int(st.engine_ident)
+        try:  # a recycled pid must not be killed: only a vLLM server started by us
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"vllm.entrypoints" not in f.read():
+                    return 0
+        except OSError:
+            return 0
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the engine runs in its own process group
+            return 1
+        except (ProcessLookupError, PermissionError):
+            return 0

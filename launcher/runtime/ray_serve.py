@@ -1,8 +1,8 @@
 """One RADIANCE appliance inside a Ray Serve replica (imported by the replica actor, on its node).
 
 The replica is what `radiance up` is on one host, minus the public gateway: it starts vLLM with the
-plugin as a subprocess on a private Unix socket with a key of its own (launcher.runtime.local,
-launcher.engine_link), waits for it, and runs the profile's gate against it, all in its constructor.
+plugin as a subprocess on a private Unix socket with a key of its own (launcher.engine_args.from_profile,
+launcher.runtime.local's LocalEngine, launcher.engine_link), waits for it, and runs the profile's gate against it, all in its constructor.
 Serve routes to a replica only once its constructor has returned, so a replica whose gate fails raises
 instead and never takes a request (Serve retries it, on whatever node has room). Afterwards
 ``check_health`` is the engine staying up: an engine that exits makes Serve replace the replica.
@@ -19,12 +19,12 @@ from typing import AsyncIterator
 
 import aiohttp
 
-from .. import engine_args, engine_link, paths, procs
+from .. import engine_args, engine_link, procs
 from ..engine_link import EngineLink
 from ..gate import verdict
 from ..profile import Profile
 from .base import EngineSpec
-from .local import LocalRuntime
+from .local import LocalEngine
 
 class GateFailed(RuntimeError):
     """This replica's gate failed: Serve must not route to it."""
@@ -49,19 +49,15 @@ class RadianceReplica:
         self.socket_dir = engine_link.private_socket_dir()
         self.link = EngineLink(f"{engine_link.UNIX}{self.socket_dir / engine_link.SOCKET_NAME}",
                                engine_link.new_key())
-        model_arg, model_dir = engine_args.resolve_model(profile, paths.cache_home(), paths.REPO_ROOT)
-        drafter_arg, drafter_dir = engine_args.resolve_drafter(profile, paths.cache_home(), paths.REPO_ROOT)
-        cfg = engine_args.build(profile, platform=platform, uds=self.link.uds, engine_key=self.link.key,
-                                model_arg=model_arg, model_dir=model_dir, drafter_arg=drafter_arg)
+        cfg = engine_args.from_profile(profile, platform=platform, uds=self.link.uds, engine_key=self.link.key)
         _same_plugin(cfg.env)
         # The engine writes into this actor's own log (Ray keeps it per worker on the node:
         # `radiance logs` reads it through Ray's state API).
-        spec = EngineSpec(deployment=profile.name, server_args=cfg.server_args, env=cfg.env, platform=platform,
-                          log_path=None, model_dir=model_dir, extra_dirs=(drafter_dir,) if drafter_dir else (),
-                          socket_dir=self.socket_dir, secret_env=cfg.secret_env)
-        self.runtime = LocalRuntime(subreaper=False)
+        spec = EngineSpec.of(cfg, deployment=profile.name, platform=platform, log_path=None,
+                             socket_dir=self.socket_dir)
+        self.engine = LocalEngine(subreaper=False)
         print(f"[radiance] replica {self.ident['replica']}: {cfg.redacted_command()}", flush=True)
-        self.handle = self.runtime.start(spec)
+        self.handle = self.engine.start(spec)
         # Serve kills a replica it gives up on (one still loading when the application is deleted): the
         # engine's whole process group goes with it.
         procs.leash(int(self.handle.ident), env={**os.environ, **{k: v for k, v in cfg.env.items()
@@ -69,7 +65,7 @@ class RadianceReplica:
         self.ident["engine_pid"] = int(self.handle.ident)
 
         async def alive() -> bool:
-            return self.runtime.alive(self.handle)
+            return self.engine.alive(self.handle)
 
         try:
             await engine_link.wait_healthy(self.link, profile.runtime.startup_timeout_s, alive=alive)
@@ -88,7 +84,7 @@ class RadianceReplica:
                                              auto_decompress=False, connector=self.link.aiohttp_connector())
 
     async def check_health(self) -> None:
-        if not self.runtime.alive(self.handle):
+        if not self.engine.alive(self.handle):
             raise RuntimeError(f"replica {self.ident['replica']}: its engine exited")
 
     async def forward(self, method: str, path_qs: str, headers: dict[str, str],
@@ -126,7 +122,7 @@ class RadianceReplica:
 
     def _stop_engine(self) -> None:
         if getattr(self, "handle", None) is not None:
-            self.runtime.stop(self.handle, 10.0)
+            self.engine.stop(self.handle, 10.0)
             self.handle = None
         engine_link.remove_socket_dir(getattr(self, "socket_dir", None))
 

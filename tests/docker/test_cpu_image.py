@@ -11,7 +11,7 @@ from docker_helpers import wait_for
 from launcher import engine_args, engine_link, images
 from launcher.profile import load_profile
 from launcher.runtime.base import EngineSpec
-from launcher.runtime.docker import LABEL_DEPLOYMENT, DockerRuntime
+from launcher.runtime.docker import LABEL_DEPLOYMENT, DockerEngine
 from radiance.versions import RADIANCE_VERSION, VLLM_VERSION
 
 pytestmark = pytest.mark.docker
@@ -55,7 +55,7 @@ def test_engine_in_container_serves_and_stops_clean(docker_client, cpu_image, ti
     spec = EngineSpec(deployment=deployment, server_args=cfg.server_args, env=cfg.env, socket_dir=sock_dir,
                       platform="cpu", log_path=tmp_path / "engine.log", model_dir=tiny_model, image=cpu_image,
                       secret_env={**cfg.secret_env, "HF_TOKEN": "hf_not_a_real_token"})
-    runtime = DockerRuntime(docker_client)
+    runtime = DockerEngine(docker_client)
     handle = runtime.start(spec)
     http = httpx.Client(transport=httpx.HTTPTransport(uds=sock), base_url="http://engine", timeout=60)
     try:

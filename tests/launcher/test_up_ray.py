@@ -132,3 +132,48 @@ def test_leash_kills_the_group_once_its_owner_is_killed(tmp_path):
     if left:
         os.killpg(pgid, signal.SIGKILL)
     assert not left
+
+
+def _ray_profile(tmp_path, extra: str) -> Path:
+    p = tmp_path / "ray.yaml"
+    p.write_text(Path(TINY).read_text().replace("  kind: local\n", "  kind: ray\n" + extra))
+    return p
+
+
+def test_the_profile_says_ray_and_its_replicas_and_the_flags_override(tmp_path, monkeypatch):
+    from launcher.commands.up import _runtime
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    profile = load_profile(_ray_profile(tmp_path, "  replicas: 3\n  address: head:6379\n"))
+    none = {"--replicas": None, "--address": None, "--image": None, "--skip-gate": None,
+            "--keep-serving-unready": None}
+    rt = _runtime(profile.runtime.kind, profile, none)
+    assert (rt.kind, rt.replicas, rt.address) == ("ray", 3, "head:6379")
+    assert rt.argv() == ("--replicas", "3", "--address", "head:6379") and rt.elsewhere()
+    rt = _runtime("ray", profile, {**none, "--replicas": "2", "--address": "other:6379"})
+    assert (rt.replicas, rt.address) == (2, "other:6379")
+    monkeypatch.setenv("RAY_ADDRESS", "env:6379")       # below the profile's address, above a local cluster
+    assert _runtime("ray", profile, none).address == "head:6379"
+    assert _runtime("ray", load_profile(_ray_profile(tmp_path, "")), none).address == "env:6379"
+    assert _runtime("local", profile, none).kind == "local"     # --runtime local: the ray fields do not apply
+
+
+def test_a_remote_cluster_in_the_profile_needs_a_platform(runner, tmp_path):
+    p = _ray_profile(tmp_path, "  address: head:6379\n")
+    p.write_text(p.read_text().replace("platform: cpu", "platform: auto"))
+    assert "runtime.platform is auto" in one_line_error(runner.invoke(cli, ["up", str(p)], catch_exceptions=False))
+
+
+@pytest.mark.parametrize("extra,field", [("  replicas: 2\n", "runtime.replicas"),
+                                         ("  address: head:6379\n", "runtime.address")])
+def test_ray_fields_need_kind_ray_in_the_profile(runner, tmp_path, extra, field):
+    p = tmp_path / "local.yaml"
+    p.write_text(Path(TINY).read_text().replace("  kind: local\n", "  kind: local\n" + extra))
+    line = one_line_error(runner.invoke(cli, ["up", str(p)], catch_exceptions=False))
+    assert line.startswith(f"error: {p}:") and f"{field}: is for runtime.kind ray" in line and "fix:" in line
+
+
+def test_zero_replicas_in_the_profile_is_a_profile_error(runner, tmp_path):
+    p = _ray_profile(tmp_path, "  replicas: 0\n")
+    line = one_line_error(runner.invoke(cli, ["up", str(p)], catch_exceptions=False))
+    assert "runtime.replicas: must be >= 1" in line
