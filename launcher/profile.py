@@ -23,7 +23,7 @@ from .gate.config import GateConfig
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BUILTIN_PREFIX = "builtin:"
-# The tiny test models (launcher.tinymodel): random weights generated on first use, or the trained
+# The tiny test models (tools.tinymodel): random weights generated on first use, or the trained
 # ones committed under models/.
 BUILTIN_MODELS = ("tiny-qwen3next", "tiny-qwen3next-trained", "tiny-qwen3.5", "tiny-qwen3.5-trained",
                   # Qwen3.5-27B's config.json without weights (models/qwen3.5-27b-shape): load-format dummy

@@ -32,6 +32,15 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
     assert "make test" in ci
 
 
+def test_the_package_ships_the_product_only():
+    """The tiny test-model generator (tools/tinymodel) and the other tools stay out of the wheel."""
+    from setuptools import find_packages
+
+    shipped = find_packages(str(REPO), include=PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert {"launcher", "radiance"} <= set(shipped)
+    assert [p for p in shipped if p.split(".")[0] not in ("launcher", "radiance") or "tinymodel" in p] == []
+
+
 def test_launcher_and_plugin_do_not_import_each_others_internals():
     import re
 
