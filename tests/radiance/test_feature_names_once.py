@@ -66,19 +66,19 @@ def _declared_names(path: Path) -> list[str]:
     return out
 
 
+def _outside_home(scan) -> dict[str, list[int]]:
+    """``scan``'s lines in every module of the packages and tools but features.py."""
+    return {str(path.relative_to(REPO)): lines for path in _sources("radiance", "launcher", "images", "tools")
+            if path != HOME and (lines := scan(path))}
+
+
 def test_no_module_but_features_py_lists_the_features():
-    found = {}
-    for path in _sources("radiance", "launcher", "images", "tools"):
-        if path != HOME and (lines := _lists_of_features(path)):
-            found[str(path.relative_to(REPO))] = lines
+    found = _outside_home(_lists_of_features)
     assert found == {}, f"feature names listed outside radiance/features.py: {found}"
 
 
 def test_no_module_but_features_py_writes_a_feature_rule():
-    found = {}
-    for path in _sources("radiance", "launcher", "images", "tools"):
-        if path != HOME and (lines := _restated_rules(path)):
-            found[str(path.relative_to(REPO))] = lines
+    found = _outside_home(_restated_rules)
     assert found == {}, f"feature rules restated outside radiance/features.py (ask features.setup_refusal): {found}"
 
 
