@@ -15,6 +15,7 @@ from pathlib import Path
 
 from radiance.features import FEATURES
 
+from . import paths
 from .engine_link import KEY_ENV
 from .profile import BUILTIN_PREFIX, Profile
 
@@ -75,9 +76,7 @@ def resolve_model(profile: Profile, cache_dir: Path, repo_root: Path) -> tuple[s
         model_dir = repo_root / "models" / name
         if model_dir.is_dir():  # committed under models/ (trained tiny models, the 27B's config alone)
             return str(model_dir), model_dir
-        from . import tinymodel
-
-        model_dir = tinymodel.ensure(cache_dir, arch=name)  # random weights, generated once
+        model_dir = paths.tinymodel(repo_root=repo_root).ensure(cache_dir, arch=name)  # random weights, generated once
         return str(model_dir), model_dir
     local = Path(path).expanduser()
     if local.exists():

@@ -101,8 +101,7 @@ def model_facts(profile: Profile) -> feature_table.ModelFacts:
         if committed.is_file():
             cfg = _read_json(committed)
         else:
-            from .tinymodel import config as tiny
-
+            tiny = paths.tinymodel("config")
             cfg = tiny.hf_config(bos_id=None, eos_id=0, pad_id=0, arch=tiny.ARCHS[name.removesuffix("-trained")])
     else:
         local = Path(path).expanduser() / "config.json"

@@ -23,7 +23,7 @@ from .gate.config import GateConfig
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BUILTIN_PREFIX = "builtin:"
-# The tiny test models (launcher.tinymodel): random weights generated on first use, or the trained
+# The tiny test models (tools.tinymodel): random weights generated on first use, or the trained
 # ones committed under models/.
 BUILTIN_MODELS = ("tiny-qwen3next", "tiny-qwen3next-trained", "tiny-qwen3.5", "tiny-qwen3.5-trained",
                   # Qwen3.5-27B's config.json without weights (models/qwen3.5-27b-shape): load-format dummy
@@ -237,18 +237,13 @@ class Profile(_Strict):
     @model_validator(mode="after")
     def _cross_field(self) -> "Profile":
         f, d, p = self.features, self.drafter, self.parallel
-        if f.dynamic_draft.enabled and d.type != "mtp":
-            raise _Rule("features.dynamic_draft", f"needs an mtp drafter (drafter.type is {d.type!r}) — fix: "
-                        "set drafter.type: mtp or turn dynamic_draft off")
-        if f.w4_drafter.enabled and d.type not in ("mtp", "dflash"):
-            raise _Rule("features.w4_drafter", f"needs a drafter with linears to convert (mtp or dflash; "
-                        f"drafter.type is {d.type!r}) — fix: choose such a drafter or turn w4_drafter off")
-        if f.fp8_stream.enabled and (p.tp < 2 or p.pp != 1):
-            raise _Rule("features.fp8_stream", f"needs parallel.tp > 1 and parallel.pp == 1 (tp={p.tp}, "
-                        f"pp={p.pp}) — fix: run with tp >= 2 and pp 1, or turn fp8_stream off")
-        if f.int4_head.enabled and self.model.fp8_lm_head:
-            raise _Rule("features.int4_head", "excludes an fp8 lm_head (model.fp8_lm_head is true) — fix: "
-                        "turn one of them off")
+        # Each feature's setup rule is written in radiance/features.py; `radiance check` reads the same one.
+        setup = features.Setup(tp=p.tp, pp=p.pp, drafter=d.type, quantization=self.model.quantization,
+                               fp8_lm_head=self.model.fp8_lm_head)
+        for feat in features.FEATURES:
+            problem = getattr(f, feat.name).enabled and features.setup_refusal(feat.name, setup)
+            if problem:
+                raise _Rule(f"features.{feat.name}", problem)
         if self.gate.acceptance.enabled and d.type == "none" and _acceptance_thresholds_set(self.gate):
             raise _Rule("gate.acceptance", "acceptance thresholds need a drafter — fix: set drafter.type or "
                         "remove the acceptance thresholds")

@@ -16,8 +16,8 @@ import sys
 from . import envs
 from .features import BY_NAME, FEATURES
 from .plugin import vllm_version
-from .patching import SUPPORTED_VLLM, version_in_range
-from .versions import RADIANCE_VERSION, VLLM_VERSION
+from .patching import version_in_range
+from .versions import RADIANCE_VERSION, SUPPORTED_VLLM, VLLM_VERSION
 
 
 def detect_device() -> dict:

@@ -1,7 +1,9 @@
 """Every ``RADIANCE_*`` knob, declared once: name, type, default, doc.
 
 This module imports only the standard library: the launcher reads it too (it is the
-contract between the two packages), and it must load before torch or vLLM do.
+contract between the two packages), and it must load before torch or vLLM do. The features'
+on/off switches are declared from radiance/features.py's table (standard library too), so a
+switch's name is written there alone.
 
 Read a knob with ``envs.get("RADIANCE_DRAFT_TAU")`` or ``envs.RADIANCE_DRAFT_TAU``; both
 parse and validate on every call, so a test that sets the environment sees the change.
@@ -109,6 +111,11 @@ def _positive(value: int) -> str | None:
     return None if value > 0 else "must be > 0"
 
 
+def _switch(feature: features.Feature) -> Knob:
+    """A feature's on/off knob, from its row in features.py: off unless set; it shapes the engine."""
+    return Knob(feature.knob, "0", parse_bool, feature.knob_doc, engine=True)
+
+
 _KNOBS = (
     # --- plugin-wide -------------------------------------------------------------------
     Knob("RADIANCE_ENABLE", "1", parse_bool,
@@ -117,9 +124,9 @@ _KNOBS = (
          choices=("DEBUG", "INFO", "WARNING", "ERROR")),
     Knob("RADIANCE_DEBUG", "0", parse_bool,
          "Show Python tracebacks from the launcher CLI instead of one-line errors."),
+    # --- the features' switches (radiance/features.py), then their tuning ---------------
+    *(_switch(f) for f in features.FEATURES),
     # --- dynamic-draft -----------------------------------------------------------------
-    Knob("RADIANCE_DYNAMIC_DRAFT", "0", parse_bool,
-         "Per-slot MTP draft-depth controller; 0 is byte-identical stock MTP.", engine=True),
     Knob("RADIANCE_DRAFT_TAU", repr(features.DRAFT_TAU), _parse_float,
          "Keep drafting while the running product of top-1 draft confidences stays >= tau.",
          check=_unit_interval, engine=True),
@@ -134,16 +141,10 @@ _KNOBS = (
          "to the host asynchronously; a stop drops the slot that ran ahead). auto: on for GPU "
          "tensors, off on CPU (copies there are synchronous: nothing to overlap); 1/0 force it (the "
          "CPU tests force it on to check it is lossless).", choices=("auto", "1", "0"), engine=True),
-    # --- w4-drafter / int4-head --------------------------------------------------------
-    Knob("RADIANCE_W4_DRAFTER", "0", parse_bool,
-         "Quantise the drafter's linears to 4-bit (W4A16) at load; lossless for the target.", engine=True),
-    Knob("RADIANCE_INT4_HEAD", "0", parse_bool,
-         "Quantise the target's lm_head to 4-bit (W4A16) after load; changes numerics.", engine=True),
+    # --- w4-drafter / int4-head: the 4-bit quantiser ----------------------------------
     Knob("RADIANCE_W4_GROUP_SIZE", str(features.W4_GROUP_SIZE), _parse_int,
          "Group size along K of the 4-bit quantiser.", check=_positive, engine=True),
     # --- fp8-stream --------------------------------------------------------------------
-    Knob("RADIANCE_FP8_STREAM", "0", parse_bool,
-         "fp8 residual-stream contract with fused add + RMSNorm + quant epilogues (TP>1).", engine=True),
     Knob("RADIANCE_FP8_STREAM_FUSED_AR", "1", parse_bool,
          "fp8-stream at TP=2 on GPUs: all-reduce and epilogue as one two-rank kernel over peer "
          "memory (same bits); 0 runs the all-reduce and add_rms_quant separately.", engine=True),

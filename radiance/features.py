@@ -7,32 +7,40 @@ image exists; the plugin reads it to know which patch module serves which knob.
 ``applicability(name, facts, setup)`` predicts, from a checkpoint's config.json (or only the
 architecture a profile declares) and the serving setup, whether a feature will apply and why
 not. It restates the patches' install-time guards statically; the patches still check for
-themselves at load (and decline in one log line) -- this is what a user reads first.
+themselves at load (and decline in one log line) -- this is what a user reads first. The part of
+each rule that reads only the serving setup (drafter, tp/pp, an fp8 head) is also what a profile is
+validated against (``setup_refusal``): the rule is written here once, for both.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 @dataclass(frozen=True)
 class Feature:
     name: str          # the key under a profile's ``features:``
-    knob: str          # RADIANCE_* on/off switch (declared in envs.py)
+    knob: str          # RADIANCE_* on/off switch; envs.py declares it from this row (off by default)
     module: str        # the patch module (exports PATCHES)
     kernels: str       # AotSpec.feature tag of the Triton kernels it runs
     side: str          # "draft": lossless by construction; "target": changes numerics, the gate decides
     summary: str
+    knob_doc: str      # the switch's line in envs.py's table
 
 
 FEATURES: tuple[Feature, ...] = (  # the install order
     Feature("dynamic_draft", "RADIANCE_DYNAMIC_DRAFT", "radiance.draft.patch_proposer", "dynamic_draft", "draft",
-            "per-slot MTP draft-depth controller (confidence product, n-gram tail, batch-size cap)"),
+            "per-slot MTP draft-depth controller (confidence product, n-gram tail, batch-size cap)",
+            "Per-slot MTP draft-depth controller; 0 is byte-identical stock MTP."),
     Feature("w4_drafter", "RADIANCE_W4_DRAFTER", "radiance.w4.patch_drafter", "w4", "draft",
-            "the drafter's linears as W4A16"),
+            "the drafter's linears as W4A16",
+            "Quantise the drafter's linears to 4-bit (W4A16) at load; lossless for the target."),
     Feature("int4_head", "RADIANCE_INT4_HEAD", "radiance.lmhead_int4.patch", "w4", "target",
-            "the target's lm_head as W4A16"),
+            "the target's lm_head as W4A16",
+            "Quantise the target's lm_head to 4-bit (W4A16) after load; changes numerics."),
     Feature("fp8_stream", "RADIANCE_FP8_STREAM", "radiance.fp8_stream.patch", "fp8_stream", "target",
-            "fp8 residual stream: all-reduce + residual add + RMSNorm + fp8 quant in one epilogue (TP>1)"),
+            "fp8 residual stream: all-reduce + residual add + RMSNorm + fp8 quant in one epilogue (TP>1)",
+            "fp8 residual-stream contract with fused add + RMSNorm + quant epilogues (TP>1)."),
 )
 BY_NAME: dict[str, Feature] = {f.name: f for f in FEATURES}
 NAMES: tuple[str, ...] = tuple(f.name for f in FEATURES)
@@ -112,23 +120,62 @@ class Setup:
     fp8_lm_head: bool = False
 
 
+@dataclass(frozen=True)
+class Rule:
+    """When a feature applies, in two parts. ``setup`` is what the serving setup alone rules out: a profile
+    that turns the feature on against it is refused (``features.NAME: why — fix: ...``, exit 2), and
+    `radiance check` gives the same why for a feature left off. ``model`` decides the rest from what is
+    known of the checkpoint, for a setup that passed."""
+    setup: Callable[[Setup], str | None]                            # why not, or None
+    fix: str                                                         # for a profile that asks anyway
+    model: Callable[[ModelFacts, Setup], tuple[bool | None, str]]
+
+
 def applicability(name: str, facts: ModelFacts, setup: Setup) -> tuple[bool | None, str]:
     """(True: applies, False: would decline, None: cannot tell from what is known; the reason)."""
     rule = _RULES[name]
-    return rule(facts, setup)
+    why = rule.setup(setup)
+    if why:
+        return False, why
+    return rule.model(facts, setup)
+
+
+def setup_refusal(name: str, setup: Setup) -> str | None:
+    """A profile turning ``name`` on with this setup: the problem and its fix in one line, or None."""
+    rule = _RULES[name]
+    why = rule.setup(setup)
+    return f"{why} — fix: {rule.fix}" if why else None
+
+
+def _needs_mtp(s: Setup) -> str | None:
+    if s.drafter != "mtp":
+        return f"controls MTP drafting: needs an mtp drafter (drafter.type is {s.drafter!r})"
+    return None
+
+
+def _needs_linears(s: Setup) -> str | None:
+    if s.drafter not in ("mtp", "dflash"):
+        return f"needs a drafter with linears to convert (mtp or dflash; drafter.type is {s.drafter!r})"
+    return None
+
+
+def _no_fp8_head(s: Setup) -> str | None:
+    return "excludes an fp8 lm_head (model.fp8_lm_head is true)" if s.fp8_lm_head else None
+
+
+def _needs_tp(s: Setup) -> str | None:
+    if s.tp < 2 or s.pp != 1:
+        return f"needs parallel.tp > 1 and parallel.pp == 1 (tp={s.tp}, pp={s.pp})"
+    return None
 
 
 def _dynamic_draft(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
-    if s.drafter != "mtp":
-        return False, f"controls MTP drafting; the drafter is {s.drafter}"
     if facts.mtp_layers == 0:
         return False, "the checkpoint has no MTP layer"
     return True, "MTP drafter: the controller decides each draft slot (vLLM's V1 runner)"
 
 
 def _w4_drafter(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
-    if s.drafter not in ("mtp", "dflash"):
-        return False, f"needs an MTP or DFlash drafter with linears (drafter is {s.drafter})"
     if s.drafter == "dflash":
         return True, "the DFlash drafter's qkv / o / gate_up / down (fc is declined by name)"
     if facts.mtp_layers == 0:
@@ -142,8 +189,6 @@ def _w4_drafter(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
 
 
 def _int4_head(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
-    if s.fp8_lm_head:
-        return False, "model.fp8_lm_head quantises the head already"
     if facts.tied_head:
         return False, "the head is tied to the input embedding"
     if facts.head_quantized:
@@ -164,8 +209,6 @@ _CHECKPOINTS = {None: "bf16", "fp8": "block-fp8", "gptq": "symmetric group-128 G
 
 
 def _fp8_stream(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
-    if s.tp < 2 or s.pp != 1:
-        return False, f"needs tensor parallel > 1 and pipeline parallel 1 (tp={s.tp}, pp={s.pp})"
     if facts.moe:
         return False, ("every post-attention site feeds a sparse-MoE block (router, experts and shared expert "
                        "read the activation): the plan declines as a whole")
@@ -198,6 +241,10 @@ def _fp8_stream(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
     return True, f"dense MLPs: attention and MLP sites stream ({mode}){where}"
 
 
-_RULES = {"dynamic_draft": _dynamic_draft, "w4_drafter": _w4_drafter, "int4_head": _int4_head,
-          "fp8_stream": _fp8_stream}
+_RULES = {
+    "dynamic_draft": Rule(_needs_mtp, "set drafter.type: mtp or turn dynamic_draft off", _dynamic_draft),
+    "w4_drafter": Rule(_needs_linears, "choose such a drafter or turn w4_drafter off", _w4_drafter),
+    "int4_head": Rule(_no_fp8_head, "turn one of them off", _int4_head),
+    "fp8_stream": Rule(_needs_tp, "run with tp >= 2 and pp 1, or turn fp8_stream off", _fp8_stream),
+}
 assert set(_RULES) == set(NAMES)

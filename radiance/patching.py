@@ -25,11 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import envs
+from .versions import SUPPORTED_VLLM
 
 logger = logging.getLogger("radiance")
-
-# The vLLM versions the hooks were written against (inclusive lower, exclusive upper).
-SUPPORTED_VLLM = ("0.32.0", "0.33.0")
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:

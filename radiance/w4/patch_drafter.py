@@ -95,6 +95,7 @@ class W4DrafterPatch(Patch):
     name = "w4_drafter.linears"
     feature = "w4_drafter"
     hook_points = (_UNQUANT, "vllm.model_executor.layers.linear.LinearBase")
+    optional_hook = _FP8  # wrapped where this vLLM has it (fp8 drafters); the canary checks the pinned one does
 
     def __init__(self) -> None:
         super().__init__()
@@ -110,7 +111,7 @@ class W4DrafterPatch(Patch):
         owner, attr, orig = resolve(_UNQUANT)
         self.replace(owner, attr, self._wrap(orig, "bf16"))
         try:
-            owner8, attr8, orig8 = resolve(_FP8)
+            owner8, attr8, orig8 = resolve(self.optional_hook)
         except LookupError:
             logger.info("radiance: w4-drafter: no Fp8LinearMethod in this vLLM; bf16 drafters only")
         else:

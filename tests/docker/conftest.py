@@ -72,6 +72,6 @@ def cpu_image(docker_client, wheelhouse) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model(shared_cache) -> Path:
-    from launcher import tinymodel
+    from tools import tinymodel
 
     return tinymodel.ensure(shared_cache)

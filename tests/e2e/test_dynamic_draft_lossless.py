@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import tinymodel
+from tools import tinymodel
 
 pytestmark = pytest.mark.e2e
 

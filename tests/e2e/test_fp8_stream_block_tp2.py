@@ -1,6 +1,6 @@
 """fp8-stream on real vLLM (CPU, gloo, TP=2) serving a block-fp8 checkpoint with radiance_fp8.
 
-The checkpoint is the tiny generator's ``fp8_blocks`` variant (launcher/tinymodel/fp8.py),
+The checkpoint is the tiny generator's ``fp8_blocks`` variant (tools/tinymodel/fp8.py),
 written into tmp: e4m3 weights with 128x128 ``weight_scale_inv`` wherever a TP=2 shard holds
 whole blocks, the rest (GDN in_proj_ba, the full-attention q/k/v, gates, experts) bf16 and
 listed in ``modules_to_not_convert``. ``--quantization radiance_fp8`` takes it over
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def block_model(tmp_path_factory):
-    from launcher.tinymodel import generate_into
+    from tools.tinymodel import generate_into
 
     return generate_into(tmp_path_factory.mktemp("fp8blk") / "block", seed=0, mlp_only_layers=DENSE_LAYERS,
                          embed_scale=16.0, norm_std=0.1, fp8_blocks=True)

@@ -5,7 +5,7 @@ quantisation, fp8-stream off), alone and batched, with the epilogue count of the
 in the install line; at TP=1, and on the all-MoE trained model (no consumer takes (q, scale)),
 it declines in one line per process and serves stock.
 
-The test model is the tiny generator's numerics variant (launcher/tinymodel/weights.py): layers
+The test model is the tiny generator's numerics variant (tools/tinymodel/weights.py): layers
 0-2 dense (vLLM's Qwen3NextForCausalLM needs one MoE layer, so layer 3 keeps one), a distinct
 weight per RMSNorm, and decisive greedy logits.
 """
@@ -42,7 +42,7 @@ def _lines(log: str, what: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def dense_model(tmp_path_factory) -> Path:
-    from launcher.tinymodel import generate_into
+    from tools.tinymodel import generate_into
 
     return generate_into(tmp_path_factory.mktemp("fp8s") / "dense", seed=0, mlp_only_layers=DENSE_LAYERS,
                          embed_scale=16.0, norm_std=0.1)

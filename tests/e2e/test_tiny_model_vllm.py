@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import tinymodel
+from tools import tinymodel
 
 pytestmark = pytest.mark.e2e
 

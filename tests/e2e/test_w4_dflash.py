@@ -1,6 +1,6 @@
 """w4-drafter with a DFlash drafter on real vLLM 0.32 (CPU).
 
-A tiny dense Qwen3 target and a 2-layer DFlash drafter (``launcher.tinymodel.dflash``, random
+A tiny dense Qwen3 target and a 2-layer DFlash drafter (``tools.tinymodel.dflash``, random
 weights built so that drafts are sometimes accepted) run stock DFlash speculative decoding and
 then the same with RADIANCE_W4_DRAFTER=1, each in a fresh process. The drafter-load bracket must
 cover DFlashProposer's load: the drafter's qkv / o / gate_up / down are converted (logged by
@@ -108,7 +108,7 @@ def _w4_lines(log: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from launcher.tinymodel import dflash
+    from tools.tinymodel import dflash
 
     return dflash.write_pair(tmp_path_factory.mktemp("dflash"))
 
@@ -160,7 +160,7 @@ def test_w4_drafter_converts_dflash_drafter_only_and_is_lossless(pair, stock, tm
 
 
 def test_dflash_drafter_without_convertible_linears_declines_cleanly(tmp_path):
-    from launcher.tinymodel import dflash
+    from tools.tinymodel import dflash
 
     pair = dflash.write_pair(tmp_path / "pair", dims=dflash.UNCONVERTIBLE)
     got, log = run(pair, tmp_path, "w4", w4=True)

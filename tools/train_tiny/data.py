@@ -15,8 +15,8 @@ import random
 import sysconfig
 from pathlib import Path
 
-from launcher.tinymodel import corpus as corpus_mod
-from launcher.tinymodel import tokenizer as tok_mod
+from tools.tinymodel import corpus as corpus_mod
+from tools.tinymodel import tokenizer as tok_mod
 
 EXCLUDED_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3", "turtledemo"}
 MAX_CODE_TOKENS = 5_000_000

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.tinymodel import dflash as layout
+from tools.tinymodel import dflash as layout
 from tools.train_tiny.model import TinyModel, from_checkpoint
 
 
@@ -146,7 +146,7 @@ def draft_logits(drafter: Drafter, target: TinyModel, ids, anchors, k: int, mask
 
 
 def to_checkpoint(drafter: Drafter) -> dict:
-    """Module state -> the names ``launcher.tinymodel.dflash.drafter_layout`` writes (bf16)."""
+    """Module state -> the names ``tools.tinymodel.dflash.drafter_layout`` writes (bf16)."""
     sd = {k: v.detach().float().cpu() for k, v in drafter.state_dict().items()}
     out = {}
     for name, t in sd.items():
@@ -178,7 +178,7 @@ def main() -> None:
 
     from safetensors.torch import load_file
 
-    from launcher.tinymodel.config import arch_of
+    from tools.tinymodel.config import arch_of
 
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -12,15 +12,15 @@ import json
 import shutil
 from pathlib import Path
 
-from launcher.tinymodel import generate, weights
+from tools.tinymodel import generate, weights
 
 
 def export(train_out: Path, data_dir: Path, out: Path) -> Path:
     import torch
     from tokenizers import Tokenizer
 
-    from launcher.tinymodel import config
-    from launcher.tinymodel.tokenizer import IM_END, PAD
+    from tools.tinymodel import config
+    from tools.tinymodel.tokenizer import IM_END, PAD
 
     tensors = {}
     for part in ("weights_a.pt", "weights_b.pt"):

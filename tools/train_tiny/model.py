@@ -2,7 +2,7 @@
 layer) for training.
 
 It mirrors what vLLM 0.32 computes for ``Qwen3NextForCausalLM`` / ``Qwen3NextMTP`` and
-``Qwen3_5ForCausalLM`` / ``Qwen3_5MTP`` with the layouts in ``launcher.tinymodel.config`` (one ``Arch``
+``Qwen3_5ForCausalLM`` / ``Qwen3_5MTP`` with the layouts in ``tools.tinymodel.config`` (one ``Arch``
 each); ``tools/train_tiny/verify.py`` checks it against vLLM on CPU. Torch only, so it runs on the GPU
 machine where neither vLLM nor transformers is installed.
 """
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from launcher.tinymodel import config as C
+from tools.tinymodel import config as C
 
 
 class GemmaRMSNorm(nn.Module):
@@ -330,7 +330,7 @@ def _moe_to_ckpt(a: C.Arch, prefix: str, sd: dict, out: dict) -> None:
 
 def to_checkpoint(model: TinyModel) -> dict:
     """Module state -> tensors named and shaped as in ``config.tensor_layout()`` (storage dtypes)."""
-    from launcher.tinymodel.weights import to_storage_dtype
+    from tools.tinymodel.weights import to_storage_dtype
 
     a = model.arch
     sd = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
@@ -384,6 +384,6 @@ def from_checkpoint(model: TinyModel, tensors: dict) -> None:
 
 def init_weights(model: TinyModel, seed: int) -> None:
     """Start from the generator's random weights for the same seed (same roles, same init)."""
-    from launcher.tinymodel.weights import random_state_dict
+    from tools.tinymodel.weights import random_state_dict
 
     from_checkpoint(model, random_state_dict(seed, arch=model.arch))

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from launcher.tinymodel.config import ARCHS
+from tools.tinymodel.config import ARCHS
 from tools.train_tiny.model import TinyModel, init_weights, to_checkpoint
 
 MIX = {"code": 0.5, "json": 0.3, "prose": 0.2}

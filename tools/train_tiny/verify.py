@@ -49,7 +49,7 @@ def json_prompts() -> list[str]:
 
 
 def prose_prompts(gsm8k_dir: Path | None) -> list[str]:
-    from launcher.tinymodel.corpus import default_gsm8k_dir
+    from tools.tinymodel.corpus import default_gsm8k_dir
 
     path = (gsm8k_dir or default_gsm8k_dir()) / "test.jsonl"
     lines = path.read_text(encoding="utf-8").splitlines()[:8]
@@ -111,7 +111,7 @@ class TorchReference:
         import torch
         from safetensors.torch import load_file
 
-        from launcher.tinymodel.config import arch_of
+        from tools.tinymodel.config import arch_of
         from tools.train_tiny.model import TinyModel, from_checkpoint
 
         # One thread: on a small, shared CPU the OpenMP pool makes these tiny ops 30x slower.

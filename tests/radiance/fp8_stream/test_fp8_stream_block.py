@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("vllm")
 
-from launcher.tinymodel import config as tiny_config
-from launcher.tinymodel import fp8 as tiny_fp8
+from tools.tinymodel import config as tiny_config
+from tools.tinymodel import fp8 as tiny_fp8
 from radiance.fp8_stream import block
 from radiance.fp8_stream.activation import Fp8Activation
 from radiance.fp8_stream.block import (
@@ -35,7 +35,7 @@ DENSE = (0, 1, 2)
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from launcher.tinymodel import generate_into
+    from tools.tinymodel import generate_into
 
     return generate_into(tmp_path_factory.mktemp("fp8blk") / "m", seed=0, mlp_only_layers=DENSE,
                          embed_scale=16.0, norm_std=0.1, fp8_blocks=True)

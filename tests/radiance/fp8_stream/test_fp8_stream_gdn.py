@@ -29,7 +29,7 @@ def model(shared_cache, tp1_group):
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     import radiance.fp8_stream.linear  # noqa: F401  (registers radiance_fp8)
-    from launcher import tinymodel
+    from tools import tinymodel
 
     path = str(tinymodel.ensure(shared_cache))
     mc = ModelConfig(model=path, dtype="bfloat16", enforce_eager=True,

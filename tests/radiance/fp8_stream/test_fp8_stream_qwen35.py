@@ -26,8 +26,8 @@ def qwen35(tp1_group, tmp_path_factory):
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     import radiance.fp8_stream.linear  # noqa: F401  (registers radiance_fp8)
-    from launcher import tinymodel
-    from launcher.tinymodel import config
+    from tools import tinymodel
+    from tools.tinymodel import config
 
     path = tinymodel.ensure(tmp_path_factory.mktemp("q35"), arch=config.QWEN3_5.name)
     vc = VllmConfig(model_config=ModelConfig(model=str(path), dtype="bfloat16", enforce_eager=True,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launcher.tinymodel import config, generate_into, weights
+from tools.tinymodel import config, generate_into, weights
 
 
 def test_default_layout_and_config_are_unchanged():

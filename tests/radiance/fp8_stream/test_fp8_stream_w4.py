@@ -218,8 +218,8 @@ def qwen35_w4(tp1_group, tmp_path_factory):
     from vllm.model_executor.models.qwen3_5 import Qwen3_5ForCausalLM
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    from launcher import tinymodel
-    from launcher.tinymodel import config
+    from tools import tinymodel
+    from tools.tinymodel import config
 
     path = tinymodel.ensure(tmp_path_factory.mktemp("q35w4"), arch=config.QWEN3_5.name)
     vc = VllmConfig(model_config=ModelConfig(model=str(path), dtype="bfloat16", enforce_eager=True,

@@ -1,4 +1,4 @@
-"""The tiny target + DFlash drafter pair (launcher.tinymodel.dflash) the DFlash w4-drafter e2e runs
+"""The tiny target + DFlash drafter pair (tools.tinymodel.dflash) the DFlash w4-drafter e2e runs
 on: deterministic bytes, the config keys vLLM 0.32 reads, and drafter shapes that put every
 decoder linear on the converted side of the w4-drafter's rules (and none, for UNCONVERTIBLE)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from launcher.tinymodel import dflash
+from tools.tinymodel import dflash
 from radiance.w4.patch_drafter import DECLINED_NAMES
 
 

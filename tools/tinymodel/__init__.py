@@ -1,9 +1,11 @@
 """The tiny test models of the Qwen3-Next family (``config.ARCHS``: a Qwen3-Next and a Qwen3.5):
-the appliance's embedded default and the base of every e2e test.
+the base of every e2e test; the trained ones committed under models/ are the appliance's embedded
+default. It lives beside the package, not in it: the launcher reaches it through
+``launcher.paths.tinymodel`` only to generate a random-weight ``builtin:`` model.
 
 ``ensure(cache_dir, seed, arch)`` returns a ready random-weight checkpoint directory, generating it
 on first use; ``trained_model_dir(arch)`` the committed trained one. Importing this package stays
-cheap (no torch, no tokenizers): the launcher CLI imports it.
+cheap (no torch, no tokenizers): the launcher imports it to read a builtin model's config.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def model_dir_name(seed: int, arch: str = DEFAULT_ARCH) -> str:
 
 def is_complete(model_dir: Path) -> bool:
     """True when ``model_dir`` holds a finished model written by the current generator format."""
-    from launcher.tinymodel.generate import FORMAT_VERSION, METADATA_FILE
+    from tools.tinymodel.generate import FORMAT_VERSION, METADATA_FILE
 
     try:
         meta = json.loads((Path(model_dir) / METADATA_FILE).read_text(encoding="utf-8"))
@@ -53,7 +55,7 @@ def generate_into(target: Path, seed: int = 0, gsm8k_dir: Path | None = None, **
 
     ``variant``: ``write_model``'s keyword options (arch, mlp_only_layers, embed_scale, norm_std,
     fp8_blocks)."""
-    from launcher.tinymodel.generate import write_model
+    from tools.tinymodel.generate import write_model
 
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +77,7 @@ def generate_into(target: Path, seed: int = 0, gsm8k_dir: Path | None = None, **
 
 
 def _arch(name: str):
-    from launcher.tinymodel import config
+    from tools.tinymodel import config
 
     try:
         return config.ARCHS[name]

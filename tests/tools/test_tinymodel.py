@@ -1,4 +1,5 @@
-"""The tiny Qwen3-Next generator: deterministic bytes, the config vLLM needs, a working tokenizer."""
+"""tools/tinymodel, the tiny test-model generator: deterministic bytes, the config vLLM needs, a working
+tokenizer; and how the launcher reaches it for a random-weight builtin model."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher import tinymodel
-from launcher.tinymodel import config, generate
+from tools import tinymodel
+from tools.tinymodel import config, generate
 
 MODEL_FILES = (
     "config.json",
@@ -131,7 +132,7 @@ def test_qwen35_is_dense_flat_gdn_and_blocks_at_tp2(tmp_path):
     """The Qwen3.5 tiny: Qwen3_5ForCausalLM, a dense MLP everywhere, the GDN projections stored
     flat (vLLM fuses them), MTP depth under its Qwen3.5 name; block-fp8 converts everything a
     TP=2 rank can hold in whole 128x128 blocks, i.e. all but in_proj_b/a (4 rows)."""
-    from launcher.tinymodel import fp8
+    from tools.tinymodel import fp8
 
     a = config.QWEN3_5
     model = tinymodel.ensure(tmp_path, seed=0, arch=a.name)
@@ -152,15 +153,40 @@ def test_qwen35_is_dense_flat_gdn_and_blocks_at_tp2(tmp_path):
 
 
 def test_importing_the_package_does_not_import_torch():
-    code = "import sys, launcher.tinymodel; print('torch' in sys.modules, 'tokenizers' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    code = "import sys, tools.tinymodel; print('torch' in sys.modules, 'tokenizers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_launcher_reaches_the_generator_in_the_checkout_and_says_so_without_one(tmp_path):
+    from launcher import paths
+    from launcher.errors import LauncherError
+
+    assert paths.tinymodel() is tinymodel and paths.tinymodel("config") is config
+    with pytest.raises(LauncherError, match="tools/tinymodel"):
+        paths.tinymodel("no_such_part", repo_root=tmp_path)
+
+
+def test_builtin_models_resolve_committed_first_then_generated(tmp_path, repo_root):
+    """The demo's model (profiles/tiny-cpu.yaml) is committed: resolving it generates nothing."""
+    from launcher import engine_args, preflight
+    from launcher.profile import load_profile
+
+    demo = load_profile(repo_root / "profiles" / "tiny-cpu.yaml")
+    arg, model_dir = engine_args.resolve_model(demo, tmp_path / "cache", repo_root)
+    assert model_dir == repo_root / "models" / "tiny-qwen3.5-trained" and arg == str(model_dir)
+    assert not (tmp_path / "cache").exists()
+    assert preflight.model_facts(demo).source == "config.json"
+    random = demo.model_copy(update={"model": demo.model.model_copy(update={"path": "builtin:tiny-qwen3.5"})})
+    facts = preflight.model_facts(random)   # the generator's config, before any weights exist
+    assert facts.architecture == config.QWEN3_5.architecture and facts.mtp_layers == 1
 
 
 def test_cli_refuses_to_overwrite_without_force(tmp_path):
     from click.testing import CliRunner
 
-    from launcher.tinymodel.__main__ import main
+    from tools.tinymodel.__main__ import main
 
     out = tmp_path / "m"
     out.mkdir()

@@ -7,8 +7,8 @@ import json
 import platform
 from pathlib import Path
 
-from launcher.tinymodel import config
-from launcher.tinymodel import corpus as corpus_mod
+from tools.tinymodel import config
+from tools.tinymodel import corpus as corpus_mod
 
 # Bump when the written bytes change for the same seed, so cached copies are regenerated.
 FORMAT_VERSION = 1
@@ -29,7 +29,7 @@ def _sha256(path: Path) -> str:
 
 def write_tokenizer(out_dir: Path, gsm8k_dir: Path | None = None) -> tuple[dict[str, int], dict]:
     """Train and save the tokenizer; return its special ids and the corpus provenance."""
-    from launcher.tinymodel import tokenizer
+    from tools.tinymodel import tokenizer
 
     corpus = corpus_mod.build(gsm8k_dir)
     tok = tokenizer.train(corpus)
@@ -66,7 +66,7 @@ def write_metadata(out_dir: Path, extra: dict) -> None:
     files = sorted(p.name for p in out_dir.iterdir() if p.is_file() and p.name != METADATA_FILE)
     meta = {
         "format_version": FORMAT_VERSION,
-        "generator": "launcher.tinymodel",
+        "generator": "tools.tinymodel",
         "python": platform.python_version(),
         "tokenizers": tokenizers.__version__,
         "safetensors": safetensors.__version__,
@@ -86,7 +86,7 @@ def write_model(out_dir: Path, seed: int = 0, gsm8k_dir: Path | None = None, *, 
     store the block-alignable linears as a block-fp8 checkpoint (fp8.py). The defaults write the
     standard model, byte for byte.
     """
-    from launcher.tinymodel import weights
+    from tools.tinymodel import weights
 
     out_dir = Path(out_dir)
     mlp_only_layers = config.check_mlp_only_layers(mlp_only_layers, arch)
@@ -94,7 +94,7 @@ def write_model(out_dir: Path, seed: int = 0, gsm8k_dir: Path | None = None, *, 
     state = weights.random_state_dict(seed, mlp_only_layers, embed_scale, norm_std, arch)
     quantization = None
     if fp8_blocks:
-        from launcher.tinymodel import fp8
+        from tools.tinymodel import fp8
 
         state, quantization = fp8.convert(state, config.tensor_layout(mlp_only_layers, arch))
     write_configs(out_dir, ids, mlp_only_layers, quantization, arch)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from launcher.tinymodel import config
+from tools.tinymodel import config
 
 INIT_STD = 0.02
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.tinymodel import config
-from launcher.tinymodel.corpus import Corpus
+from tools.tinymodel import config
+from tools.tinymodel.corpus import Corpus
 
 PAD = "<|endoftext|>"
 IM_START = "<|im_start|>"

@@ -1,4 +1,4 @@
-"""``python -m launcher.tinymodel --out DIR [--seed 0] [--force]``: write the tiny test model.
+"""``python -m tools.tinymodel --out DIR [--seed 0] [--force]``: write the tiny test model.
 
 Variant options for numerics tests (weights.py explains them): ``--mlp-only-layers 0,1,2``
 (dense MLPs there; one layer must stay MoE), ``--embed-scale 16`` (decisive greedy logits),
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from launcher.tinymodel import generate_into, is_complete
-from launcher.tinymodel.corpus import GSM8K_ENV
+from tools.tinymodel import generate_into, is_complete
+from tools.tinymodel.corpus import GSM8K_ENV
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,7 +38,7 @@ from launcher.tinymodel.corpus import GSM8K_ENV
 def main(out: Path, seed: int, force: bool, gsm8k_dir: Path | None, mlp_only_layers: str,
          embed_scale: float, norm_std: float, fp8_blocks: bool) -> None:
     """Write a tiny random-weight Qwen3-Next (with one MTP layer) that vLLM loads on CPU."""
-    from launcher.tinymodel import config
+    from tools.tinymodel import config
 
     try:
         dense = config.check_mlp_only_layers(int(i) for i in mlp_only_layers.split(",") if i.strip())

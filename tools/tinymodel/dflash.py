@@ -43,7 +43,7 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-from launcher.tinymodel import config as base
+from tools.tinymodel import config as base
 
 
 class Dims(NamedTuple):
@@ -104,7 +104,7 @@ def write_drafter_for(target_dir: Path, out_dir: Path, seed: int = 0, *, dims: D
                       state: dict | None = None, meta: dict | None = None) -> Path:
     """A DFlash drafter for the target checkpoint in ``target_dir``: random weights (deterministic for a
     seed) or ``state`` (trained: tools/train_tiny/dflash.py), with ``meta`` in its metadata file."""
-    from launcher.tinymodel import weights
+    from tools.tinymodel import weights
 
     target_dir, out_dir = Path(target_dir), Path(out_dir)
     tcfg = json.loads((target_dir / "config.json").read_text())
@@ -130,7 +130,7 @@ def write_drafter_for(target_dir: Path, out_dir: Path, seed: int = 0, *, dims: D
     elif sorted(state) != sorted(names):
         raise ValueError(f"drafter state does not match the layout: {sorted(set(state) ^ set(names))}")
     weights.save({n: state[n].contiguous() for n in names}, out_dir)
-    _write_json(out_dir / METADATA_FILE, {"generator": "launcher.tinymodel.dflash",
+    _write_json(out_dir / METADATA_FILE, {"generator": "tools.tinymodel.dflash",
                                          "kind": "dflash-drafter" if meta is None else "dflash-drafter-trained",
                                          "seed": seed, "dims": dims._asdict(), "agreeing": False,
                                          "mask_token_id": pad, "target": target_dir.name,
@@ -227,7 +227,7 @@ def _write_json(path: Path, obj: dict) -> None:
 def write_pair(out_dir: Path, seed: int = 0, gsm8k_dir: Path | None = None, *, dims: Dims = DIMS,
                agreeing: bool = True) -> tuple[Path, Path]:
     """Write ``out_dir/target`` and ``out_dir/drafter`` (deterministic for a seed); return both."""
-    from launcher.tinymodel import generate, weights
+    from tools.tinymodel import generate, weights
 
     out_dir = Path(out_dir)
     target, drafter = out_dir / "target", out_dir / "drafter"
@@ -251,7 +251,7 @@ def write_pair(out_dir: Path, seed: int = 0, gsm8k_dir: Path | None = None, *, d
     # A different stream for the drafter, so it is not a slice of the target by construction.
     weights.save(random_state_dict(drafter_layout(dims), seed + 1, scale), drafter)
     for path, kind in ((target, "dflash-target"), (drafter, "dflash-drafter")):
-        _write_json(path / METADATA_FILE, {"generator": "launcher.tinymodel.dflash", "kind": kind, "seed": seed,
+        _write_json(path / METADATA_FILE, {"generator": "tools.tinymodel.dflash", "kind": kind, "seed": seed,
                                            "dims": dims._asdict(), "agreeing": agreeing, "mask_token_id": mask,
                                            **provenance})
     return target, drafter

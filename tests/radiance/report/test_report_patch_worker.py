@@ -1,0 +1,136 @@
+"""radiance/report/patch_worker.py: after the load every rank's report is settled and gathered; each step,
+rank 0's output carries the payload. The Worker class and ModelRunnerOutput are vLLM's; the worker
+instance, its TP group and the stock methods are stand-ins (a real Worker needs a device and an engine)."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+
+from radiance import patching, plugin  # noqa: E402
+from radiance.patching import Patch, Registry  # noqa: E402
+from radiance.report import patch_worker  # noqa: E402
+
+ROW = {"patch": "test.worker.probe", "feature": "dynamic_draft", "status": "applied", "reason": ""}
+
+
+class ProbePatch(Patch):
+    name = "test.worker.probe"
+    feature = "dynamic_draft"
+
+    def __init__(self, after_load=None, settle=None):
+        super().__init__()
+        self.applied = True
+        self._after_load, self._settle = after_load, settle
+
+    def after_load(self, runner):
+        return self._after_load
+
+    def on_ranks_disagree(self, model):
+        return self._settle
+
+
+@pytest.fixture
+def clean_report(monkeypatch):
+    monkeypatch.setattr(patching, "_REPORT", patching.Report())
+    return patching.report()
+
+
+@pytest.fixture
+def one_rank(monkeypatch):
+    group = types.SimpleNamespace(world_size=1, rank_in_group=0)
+    monkeypatch.setattr(patch_worker, "_tp", lambda: group)
+    return group
+
+
+def test_install_wraps_the_workers_three_methods_and_revert_restores_them():
+    from vllm.v1.worker.gpu_worker import Worker
+
+    before = (Worker.load_model, Worker.execute_model, Worker.sample_tokens)
+    patch = patch_worker.WorkerReportPatch()
+    assert patch.install(vllm.__version__).status == "applied"
+    try:
+        assert Worker._orig_load_model is before[0] and Worker.execute_model is not before[1]
+    finally:
+        patch.revert()
+    assert (Worker.load_model, Worker.execute_model, Worker.sample_tokens) == before
+
+
+def test_ranks_that_agree_are_left_as_they_are(clean_report):
+    gathered = [[ROW], [ROW]]
+    assert patch_worker.reconcile(gathered, {}, None) == gathered and clean_report.rows() == []
+
+
+def test_ranks_that_disagree_merge_as_mixed(clean_report):
+    declined = {**ROW, "status": "declined", "reason": "no drafter"}
+    out = patch_worker.reconcile([[ROW], [declined]], {ROW["patch"]: ProbePatch()}, None)
+    reason = "the TP ranks disagree (rank 0: applied; rank 1: declined (no drafter))"
+    assert out == [[{**ROW, "status": "mixed", "reason": reason}], [{**declined, "status": "mixed", "reason": reason}]]
+    assert clean_report.outcomes[ROW["patch"]].status == "mixed"
+
+
+def test_a_patch_that_settles_the_split_is_declined_on_every_rank(clean_report):
+    out = patch_worker.reconcile([[ROW], []], {ROW["patch"]: ProbePatch(settle="stock contract on every rank")},
+                                 None)
+    assert out[0][0]["status"] == "declined" and out[1] == []
+    assert out[0][0]["reason"] == "the TP ranks disagree (rank 0: applied; rank 1: absent); stock contract on every rank"
+
+
+def test_after_load_declines_a_patch_that_runs_stock_for_what_was_loaded(clean_report, monkeypatch):
+    probe, kept = ProbePatch(after_load="the drafter is ngram, not MTP"), ProbePatch()
+    kept.name = "test.worker.kept"
+    for p in (probe, kept):
+        clean_report.record(patching.Outcome(p.name, p.feature, "applied"))
+    monkeypatch.setattr(plugin, "_registry", Registry([probe, kept]))
+    patch_worker.settle_after_load(runner=None)
+    assert clean_report.outcomes[probe.name].status == "declined"
+    assert clean_report.outcomes[probe.name].reason == "the drafter is ngram, not MTP"
+    assert clean_report.outcomes[kept.name].status == "applied"
+
+
+def test_the_load_gathers_the_report_into_the_channel(clean_report, one_rank, fresh_channel, monkeypatch):
+    monkeypatch.setattr(plugin, "_registry", Registry([]))
+    clean_report.record(patching.Outcome(ROW["patch"], ROW["feature"], "applied"))
+    load = patch_worker.WorkerReportPatch()._wrap_load(lambda worker: "loaded")
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=None))
+    assert load(worker) == "loaded"
+    assert fresh_channel.take_payload()["ranks"] == {"0": [ROW]}
+
+
+def test_rank_0s_output_carries_the_payload_once(fresh_channel, monkeypatch):
+    monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: True)
+    fresh_channel.set_ranks({0: [ROW]})
+    step = patch_worker.WorkerReportPatch()._wrap_step(lambda worker: ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+    first, second = step(None), step(None)
+    assert first.radiance == {"counters": [], "ranks": {"0": [ROW]}} and not hasattr(second, "radiance")
+
+
+def test_a_step_without_output_keeps_the_payload_for_the_next(fresh_channel, monkeypatch):
+    monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: True)
+    fresh_channel.add_counter_source(lambda: [("c", {}, 1, "doc")])
+    patch = patch_worker.WorkerReportPatch()
+    outputs = iter([types.SimpleNamespace(), ModelRunnerOutput(req_ids=[], req_id_to_index={})])
+    step = patch._wrap_step(lambda worker: next(outputs))
+    assert not hasattr(step(None), "radiance")   # not a ModelRunnerOutput: nothing attached
+    assert step(None).radiance == {"counters": [["c", {}, 1, "doc"], ["c", {}, 1, "doc"]]}
+
+
+def test_an_async_output_stand_in_gets_it_on_the_plain_output_it_wraps(fresh_channel, monkeypatch):
+    monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: True)
+    fresh_channel.set_ranks({0: [ROW]})
+    plain = ModelRunnerOutput(req_ids=[], req_id_to_index={})
+    wrapper = types.SimpleNamespace(_model_runner_output=plain)
+    patch_worker.WorkerReportPatch()._wrap_step(lambda worker: wrapper)(None)
+    assert plain.radiance["ranks"] == {"0": [ROW]} and not hasattr(wrapper, "radiance")
+
+
+def test_other_ranks_attach_nothing(fresh_channel, monkeypatch):
+    monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: False)
+    fresh_channel.set_ranks({0: [ROW]})
+    out = patch_worker.WorkerReportPatch()._wrap_step(lambda worker: ModelRunnerOutput(req_ids=[],
+                                                                                        req_id_to_index={}))(None)
+    assert not hasattr(out, "radiance") and fresh_channel.take_payload() is not None
