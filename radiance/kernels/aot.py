@@ -51,7 +51,6 @@ KERNEL_MODULES: tuple[str, ...] = (
     "radiance.kernels.w4a16_gemm",
     "radiance.kernels.w4a8_gemm",
     "radiance.kernels.add_rms_quant",
-    "radiance.kernels.silu_mul_quant",
     "radiance.kernels.quant_fp8",
     "radiance.kernels.gdn_norm_quant",
     "radiance.kernels.fp8_gemm",

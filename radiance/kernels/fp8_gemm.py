@@ -1,7 +1,7 @@
 """W8A8 fp8 GEMM that takes the activation already quantised: ``out = (A * sa) @ (W * sw)^T``.
 
 The consuming linears of the fp8-stream contract receive ``(q, scale)`` from
-add_rms_quant / silu_mul_quant instead of a bf16 activation. ``scaled_mm`` runs that
+add_rms_quant / gdn_norm_quant instead of a bf16 activation. ``scaled_mm`` runs that
 product with the best implementation the device has:
 
 * ``torch._scaled_mm`` where the arch has it for the scale layout: per-tensor scales on
