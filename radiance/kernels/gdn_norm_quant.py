@@ -200,7 +200,7 @@ def gdn_norm_quant_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------
-# The op (registered like add_rms_quant's: torch.library.Library, no custom_op wrapper cost)
+# The op (dispatch.register_library_op)
 # ---------------------------------------------------------------------------------------
 
 def _gdn_norm_quant_gpu(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,

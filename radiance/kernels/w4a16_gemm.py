@@ -50,7 +50,8 @@ from pathlib import Path
 import torch
 
 from radiance.kernels import aot, shipped
-from radiance.kernels.dispatch import DeviceInfo, describe, device_key, eager_gpu_call, use_triton  # noqa: F401
+from radiance.kernels.dispatch import (DeviceInfo, describe, device_key, eager_gpu_call,  # noqa: F401
+                                       register_library_op, use_triton)
 from radiance.kernels import w4_layout as layout
 from radiance.kernels.w4_common import dummy_workspace, split_k_counters
 
@@ -325,15 +326,6 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_s
                          f"K={x.shape[1]}, G={group_size} (want {want_q}, {want_s})")
 
 
-@torch.library.custom_op("radiance::w4a16_gemm", mutates_args=())
-def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``x [M, K] @ W^T`` for a packed 4-bit W; Triton on GPU tensors, the reference elsewhere."""
-    _check(x, qweight, scales, group_size)
-    if use_triton(x, qweight, scales) and x.dtype in (torch.bfloat16, torch.float16):
-        return _gpu_path(x, qweight, scales, group_size)
-    return w4a16_gemm_reference(x, qweight, scales, group_size)
-
-
 def _gpu_path(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
     """The kernel up to LARGE_M rows, dequantise + matmul above (checked inputs)."""
     if x.shape[0] > LARGE_M:
@@ -341,20 +333,40 @@ def _gpu_path(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, grou
     return w4a16_gemm_triton(x, qweight, scales, group_size)
 
 
-@w4a16_gemm.register_fake
+def _w4a16_gemm_gpu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    _check(x, qweight, scales, group_size)
+    if use_triton(x, qweight, scales) and x.dtype in (torch.bfloat16, torch.float16):
+        return _gpu_path(x, qweight, scales, group_size)
+    return w4a16_gemm_reference(x, qweight, scales, group_size)
+
+
+def _w4a16_gemm_cpu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    _check(x, qweight, scales, group_size)
+    return w4a16_gemm_reference(x, qweight, scales, group_size)
+
+
 def _w4a16_gemm_fake(x, qweight, scales, group_size):
     return x.new_empty((x.shape[0], scales.shape[1]))
+
+
+_OP = register_library_op("w4a16_gemm", _w4a16_gemm_cpu, _w4a16_gemm_gpu, _w4a16_gemm_fake)
+
+
+def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``x [M, K] @ W^T`` for a packed 4-bit W through ``torch.ops.radiance.w4a16_gemm``: Triton on GPU
+    tensors, the reference elsewhere."""
+    return _OP(x, qweight, scales, group_size)
 
 
 def gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
     """The op, entered the cheapest way: eager calls on plain GPU tensors go straight to the path the op
     would take (vLLM computes logits outside its compiled graph, so the lm_head's call per draft slot
-    would otherwise pay custom_op's Python dispatch each time); traced, fake and CPU calls go through
+    would otherwise pay the dispatcher each time); traced, fake and CPU calls go through
     ``torch.ops.radiance.w4a16_gemm``."""
     if eager_gpu_call(x, qweight, scales) and x.dtype in (torch.bfloat16, torch.float16):
         _check(x, qweight, scales, group_size)
         return _gpu_path(x, qweight, scales, group_size)
-    return torch.ops.radiance.w4a16_gemm(x, qweight, scales, group_size)
+    return _OP(x, qweight, scales, group_size)
 
 
 # --------------------------------------------------------------------------------------
