@@ -24,10 +24,10 @@ The op, ``torch.ops.radiance.allreduce_add_rms_quant(p0, p1, residual, weight, e
 fp8_dtype)``, is the kernel on the two partials given as tensors (the peer's as its mapped view; on CPU
 tensors the reference). The cross-rank half cannot be an op argument: a schema carries tensors, scalars,
 dtypes and devices, not the process group the buffers are made over nor the symmetric-memory handle whose
-barrier must run before each site. ``TwoRankAllReduceEpilogue`` holds those and calls the op after the
-barrier. The fp8-stream patch wires it into vLLM (radiance/fp8_stream/fused_allreduce.py: the TP group,
-the agreement between ranks, and the op recorded at each site, which finds its buffers by vLLM's TP
-group).
+barrier must run before each site. ``TwoRankAllReduceEpilogue`` holds those and, after the barrier, runs
+the op's GPU path (it lives on GPUs only, inside the op of a site). The fp8-stream patch wires it into
+vLLM (radiance/fp8_stream/fused_allreduce.py: the TP group, the agreement between ranks, and the op
+recorded at each site, which finds its buffers by vLLM's TP group).
 """
 from __future__ import annotations
 
@@ -152,8 +152,7 @@ def allreduce_add_rms_quant(p0: torch.Tensor, p1: torch.Tensor, residual: torch.
                             eps: float, group_size: int = 0, fp8_dtype: torch.dtype | None = None
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, scale, new_residual) of add_rms_quant(round(p0 + p1), ...), the partials in rank order. Eager
-    calls on plain GPU tensors go straight to the kernel (the site's op already paid the dispatcher);
-    traced, fake and CPU calls go through the op."""
+    calls on plain GPU tensors go straight to the kernel; traced, fake and CPU calls go through the op."""
     if fp8_dtype is None:
         fp8_dtype = fp8_dtype_for_device(residual.device)
     if eager_gpu_call(p0, p1, residual, weight):
@@ -206,7 +205,8 @@ class TwoRankAllReduceEpilogue:
             raise ValueError(f"M={m} exceeds the buffers' {self.max_m} rows")
         self._handles[self.slot].barrier(channel=0)
         p0, p1 = (v[:m] for v in self._views[self.slot])
-        out = allreduce_add_rms_quant(p0, p1, residual, weight, eps, group_size, fp8_dtype)
+        # the kernel itself: this runs inside the site's op (fp8-stream's), whose dispatch is paid
+        out = allreduce_add_rms_quant_triton(p0, p1, residual, weight, eps, group_size, fp8_dtype)
         self.slot ^= 1
         return out
 
