@@ -1,4 +1,4 @@
-"""Shared timing helpers of the fp8-stream benchmarks (bench_add_rms_quant, bench_silu_mul_quant,
+"""Shared timing helpers of the fp8-stream benchmarks (bench_add_rms_quant,
 bench_gdn_norm_quant, bench_quant_fp8, bench_fp8_gemm). Not collected by pytest (no test_ prefix)."""
 from __future__ import annotations
 

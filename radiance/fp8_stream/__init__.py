@@ -42,8 +42,8 @@ Pieces:
                  ``_output_projection``: ``gdn_norm_quant`` (norm + gate + fp8 quant, one
                  launch) hands out_proj an Fp8Activation. Refused layers stay stock; the install
                  line counts the epilogues and names each refusal once.
-Kernels: radiance/kernels/add_rms_quant.py, silu_mul_quant.py, gdn_norm_quant.py, fp8_gemm.py,
-quant_fp8.py (the consumers' quantiser for plain-tensor inputs).
+Kernels: radiance/kernels/add_rms_quant.py, allreduce_add_rms_quant.py, gdn_norm_quant.py,
+fp8_gemm.py, quant_fp8.py (the consumers' quantiser for plain-tensor inputs).
 
 Serving it: ``--quantization radiance_fp8`` (bf16 or block-fp8 checkpoint; or ``radiance_w4``) and
 RADIANCE_FP8_STREAM=1, TP > 1. Consumers that qualify: full-attention qkv_proj, the GDN's
@@ -64,8 +64,9 @@ Not done:
   * The GDN epilogue is off by default: it matches vLLM's CPU RMSNormGated in all but ~3e-6
     of the bf16 values (one ulp; fp8 codes ~1e-6..1e-7, scales exact), so the TP=2 e2e
     identity test could see a different token; not run end to end with it on.
-  * ``silu_mul_quant`` as the dense MLP's activation: not wired. It reproduces vLLM's
+  * A fused SiluAndMul + quant as the dense MLP's activation: none. One reproduced vLLM's
     native SiluAndMul, but on CPU vLLM runs its C++ silu_and_mul, whose bf16 outputs differ
     from the native ones almost everywhere (measured: fp8 codes of 99% of [*, 256] rows
-    differ), so the contract would stop matching the stock fp8 path token for token.
+    differ), so the contract would stop matching the stock fp8 path token for token; it left
+    the product (its numbers: docs/benchmarks.md).
 """

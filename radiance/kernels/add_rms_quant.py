@@ -334,12 +334,8 @@ def add_rms_quant_triton(y: torch.Tensor, residual: torch.Tensor, weight: torch.
 
 
 # ---------------------------------------------------------------------------------------
-# The op
+# The op (dispatch.register_library_op, which says why torch.library.Library)
 # ---------------------------------------------------------------------------------------
-# Registered through torch.library.Library (define + one impl per dispatch key + a fake), as
-# vLLM's direct_register_custom_op does, not torch.library.custom_op: the latter wraps every
-# call in Python autograd and output-aliasing checks that cost about 20 us per call on the
-# host (measured, see docs/benchmarks.md); the dispatcher then reaches our function directly.
 
 
 def _add_rms_quant_gpu(y: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -20,8 +20,14 @@ barrier waits for the peer's partial; a buffer is rewritten two sites later, aft
 barrier, which the peer can only pass once its kernel on that buffer is done (stream order).
 So one barrier per site, not two.
 
-The fp8-stream patch wires it into vLLM (radiance/fp8_stream/fused_allreduce.py: the TP group, the
-agreement between ranks, the registered op).
+The op, ``torch.ops.radiance.allreduce_add_rms_quant(p0, p1, residual, weight, eps, group_size,
+fp8_dtype)``, is the kernel on the two partials given as tensors (the peer's as its mapped view; on CPU
+tensors the reference). The cross-rank half cannot be an op argument: a schema carries tensors, scalars,
+dtypes and devices, not the process group the buffers are made over nor the symmetric-memory handle whose
+barrier must run before each site. ``TwoRankAllReduceEpilogue`` holds those and, after the barrier, runs
+the op's GPU path (it lives on GPUs only, inside the op of a site). The fp8-stream patch wires it into
+vLLM (radiance/fp8_stream/fused_allreduce.py: the TP group, the agreement between ranks, and the op
+recorded at each site, which finds its buffers by vLLM's TP group).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ import torch
 
 from . import fp8_common as fc
 from .add_rms_quant import add_rms_quant_reference
+from .dispatch import eager_gpu_call, fp8_dtype_for_device, register_library_op
 
 try:  # Triton is optional: the reference runs everywhere.
     import triton
@@ -115,6 +122,44 @@ def allreduce_add_rms_quant_triton(p0: torch.Tensor, p1: torch.Tensor, residual:
     return q, scale, new_residual
 
 
+def _allreduce_add_rms_quant_gpu(p0: torch.Tensor, p1: torch.Tensor, residual: torch.Tensor,
+                                  weight: torch.Tensor, eps: float, group_size: int, fp8_dtype: torch.dtype
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if triton is None:
+        return allreduce_add_rms_quant_reference([p0, p1], residual, weight, eps, group_size, fp8_dtype)
+    return allreduce_add_rms_quant_triton(p0, p1, residual, weight, eps, group_size, fp8_dtype)
+
+
+def _allreduce_add_rms_quant_cpu(p0: torch.Tensor, p1: torch.Tensor, residual: torch.Tensor,
+                                  weight: torch.Tensor, eps: float, group_size: int, fp8_dtype: torch.dtype
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return allreduce_add_rms_quant_reference([p0, p1], residual, weight, eps, group_size, fp8_dtype)
+
+
+def _allreduce_add_rms_quant_fake(p0, p1, residual, weight, eps, group_size, fp8_dtype):
+    m, k = residual.shape
+    fc.check_group(group_size, k)
+    return (residual.new_empty((m, k), dtype=fp8_dtype),
+            residual.new_empty(fc.scale_shape(m, k, group_size), dtype=torch.float32),
+            p0.new_empty((m, k)))
+
+
+_OP = register_library_op("allreduce_add_rms_quant", _allreduce_add_rms_quant_cpu,
+                          _allreduce_add_rms_quant_gpu, _allreduce_add_rms_quant_fake)
+
+
+def allreduce_add_rms_quant(p0: torch.Tensor, p1: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float, group_size: int = 0, fp8_dtype: torch.dtype | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, scale, new_residual) of add_rms_quant(round(p0 + p1), ...), the partials in rank order. Eager
+    calls on plain GPU tensors go straight to the kernel; traced, fake and CPU calls go through the op."""
+    if fp8_dtype is None:
+        fp8_dtype = fp8_dtype_for_device(residual.device)
+    if eager_gpu_call(p0, p1, residual, weight):
+        return allreduce_add_rms_quant_triton(p0, p1, residual, weight, float(eps), int(group_size), fp8_dtype)
+    return _OP(p0, p1, residual, weight, float(eps), int(group_size), fp8_dtype)
+
+
 class TwoRankAllReduceEpilogue:
     """Symmetric partial-sum buffers of up to [max_m, K] for one process group of two ranks.
 
@@ -160,6 +205,7 @@ class TwoRankAllReduceEpilogue:
             raise ValueError(f"M={m} exceeds the buffers' {self.max_m} rows")
         self._handles[self.slot].barrier(channel=0)
         p0, p1 = (v[:m] for v in self._views[self.slot])
+        # the kernel itself: this runs inside the site's op (fp8-stream's), whose dispatch is paid
         out = allreduce_add_rms_quant_triton(p0, p1, residual, weight, eps, group_size, fp8_dtype)
         self.slot ^= 1
         return out

@@ -51,7 +51,6 @@ KERNEL_MODULES: tuple[str, ...] = (
     "radiance.kernels.w4a16_gemm",
     "radiance.kernels.w4a8_gemm",
     "radiance.kernels.add_rms_quant",
-    "radiance.kernels.silu_mul_quant",
     "radiance.kernels.quant_fp8",
     "radiance.kernels.gdn_norm_quant",
     "radiance.kernels.fp8_gemm",
@@ -59,6 +58,9 @@ KERNEL_MODULES: tuple[str, ...] = (
     "radiance.kernels.draft_confidence",
     "radiance.kernels.ngram_match",
 )
+# Modules of helpers the kernels share (Triton pieces and the references beside them): no launch
+# source of their own, but a kernel's build changes with them.
+HELPER_MODULES: tuple[str, ...] = ("fp8_common", "w4_common", "w4_layout")
 
 # arch name -> (backend, arch, warp size)
 ARCHS: dict[str, tuple[str, Any, int]] = {
@@ -456,7 +458,7 @@ def _cache_key(arch: str, only: str | None) -> str:
 
     h = hashlib.sha256(f"{arch}|{only}|{triton.__version__}".encode())
     here = Path(__file__).resolve().parent
-    paths = [here / "aot.py", here / "device.py", here / "dispatch.py", here / "shipped.py"]
+    paths = [here / f"{name}.py" for name in ("aot", "device", "dispatch", "shipped") + HELPER_MODULES]
     paths += sorted(CONFIG_ROOT.glob("*/*.json"))  # the tables choose the variants
     for mod in KERNEL_MODULES:
         spec = importlib.util.find_spec(mod)

@@ -146,9 +146,19 @@ _LIBRARIES: list = []
 
 
 def register_library_op(name: str, cpu_impl, gpu_impl, fake):
-    """``torch.ops.radiance.<name>`` through ``torch.library.Library`` (CPU and CUDA impls and a
-    fake), for ops on the decode path: ``torch.library.custom_op`` adds Python autograd and
-    aliasing checks to every eager call (docs/architecture.md). Returns the default overload."""
+    """Register ``torch.ops.radiance.<name>``: the one way every kernel becomes an op. Returns the
+    default overload, which the kernel's public entry calls.
+
+    What an op must do here: be traceable where vLLM runs it -- opaque to torch.compile, which
+    traces it through ``fake`` (output shapes and dtypes, no data), and recorded by CUDA graphs,
+    whose capture replays its launches -- so each op has a schema and a fake; work on CPU tensors
+    with the PyTorch reference (``cpu_impl``: the kernels' tests, the CPU engine), and on CUDA /
+    ROCm tensors with the Triton path (``gpu_impl``). ``torch.library.Library`` (define, one impl
+    per dispatch key, the fake) gives exactly that, as vLLM's ``direct_register_custom_op`` does.
+    ``torch.library.custom_op`` would too, but wraps every eager call in Python autograd and
+    output-aliasing checks: about 20 us per call on the host (docs/benchmarks.md), for ops that run
+    per layer or per draft slot. The schema is inferred from ``cpu_impl``'s annotations (no input
+    is mutated); ``torch.library.opcheck`` passes on ops made here."""
     lib = torch.library.Library("radiance", "FRAGMENT")  # noqa: TOR901 - kept in _LIBRARIES
     lib.define(name + torch.library.infer_schema(cpu_impl, mutates_args=()))
     lib.impl(name, gpu_impl, "CUDA")

@@ -463,9 +463,7 @@ def draft_confidence_triton(logits: torch.Tensor, n_valid: int = -1
     return _launch(logits, n_valid)
 
 
-# --- the op --------------------------------------------------------------------------------
-# Registered like the fp8 epilogues (torch.library.Library, see dispatch.register_library_op):
-# torch.library.custom_op would add its Python autograd and aliasing checks to every call.
+# --- the op (dispatch.register_library_op) --------------------------------------------------
 
 def _draft_confidence_gpu(logits: torch.Tensor, n_valid: int
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

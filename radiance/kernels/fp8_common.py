@@ -1,9 +1,10 @@
 """What every fp8 epilogue shares: the formats, vLLM's dynamic-scale arithmetic, the correctly rounded
 helpers of the PyTorch references, and the Triton pieces that quantise a row and store its codes.
 
-The kernels (add_rms_quant, the two-rank all-reduce epilogue, silu_mul_quant, gdn_norm_quant,
-quant_fp8) import from here; nothing here imports a kernel. The arithmetic and the rounding
-points are documented in add_rms_quant.py, the first kernel written on them.
+The kernels (add_rms_quant, the two-rank all-reduce epilogue, gdn_norm_quant, quant_fp8) import
+from here; nothing here imports a kernel. The arithmetic and the rounding points are documented in
+add_rms_quant.py, the first kernel written on them; the reproducible exp (``exp_reference`` and its
+Triton twin ``exp_f32``) is gdn_norm_quant's silu gate.
 
 Which fp8 format a device quantises to, and its bound, come from vLLM where vLLM runs (the plugin,
 the engine): ``current_platform.fp8_dtype()`` and ``get_fp8_min_max()`` (``dispatch.vllm_fp8``),
@@ -12,6 +13,8 @@ so the patches and the stock layers beside them can never disagree. Kernels used
 ``DeviceInfo.fp8_dtype``).
 """
 from __future__ import annotations
+
+import struct
 
 import torch
 
@@ -95,6 +98,37 @@ def sqrt_rn(a: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(a.double()).to(torch.float32)
 
 
+def _f32(x: float) -> float:
+    """A Python float that is exactly an fp32 value: the same constant on both sides."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+# exp(t) in plain IEEE fp32 adds and multiplies, so torch reproduces the kernel bit for bit (libm,
+# Sleef and the GPU's ex2.approx all differ in the last bit): Cody-Waite range reduction
+# t = n ln2 + r, a degree-7 Horner polynomial in r, and 2^n built from the exponent bits.
+LOG2E = _f32(1.4426950408889634)
+LN2_HI = _f32(0.693145751953125)      # 16 significant bits: n * LN2_HI is exact for |n| < 256
+LN2_LO = _f32(1.4286068203094172e-06)
+EXP_C = tuple(_f32(1.0 / f) for f in (5040.0, 720.0, 120.0, 24.0, 6.0, 2.0))  # r^7 .. r^2
+# exp's argument range: above, 2^n overflows; below, p * 2^n would go subnormal (flushed on
+# some GPUs). A silu of |t| past these is t (or ~0) to far below bf16 resolution.
+EXP_LO, EXP_HI = -80.0, 88.0
+
+
+def exp_reference(t: torch.Tensor) -> torch.Tensor:
+    """exp of an fp32 tensor in exactly ``exp_f32``'s operations (t clamped to [-80, 88])."""
+    t = t.to(torch.float32).clamp(EXP_LO, EXP_HI)
+    n = torch.floor(t * LOG2E + 0.5)
+    r = (t - n * LN2_HI) - n * LN2_LO
+    p = torch.full_like(r, EXP_C[0])
+    for c in EXP_C[1:]:
+        p = p * r + c
+    p = p * r + 1.0
+    p = p * r + 1.0
+    two_n = ((n.to(torch.int32) + 127) << 23).view(torch.float32)
+    return p * two_n
+
+
 def quantize_reference(x: torch.Tensor, group_size: int, fp8_dtype: torch.dtype
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """QuantFP8.forward_native's arithmetic on [M, K] -> (codes [M, K], scales [M, K//G or 1])."""
@@ -175,6 +209,31 @@ if triton is not None:
     @triton.jit
     def pow2(e):
         return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+    # Triton kernels only read module globals that are constexpr.
+    _LOG2E = tl.constexpr(LOG2E)
+    _LN2_HI = tl.constexpr(LN2_HI)
+    _LN2_LO = tl.constexpr(LN2_LO)
+    _C7, _C6, _C5, _C4, _C3, _C2 = (tl.constexpr(c) for c in EXP_C)
+    _EXP_LO = tl.constexpr(EXP_LO)
+    _EXP_HI = tl.constexpr(EXP_HI)
+
+    @triton.jit
+    def exp_f32(t):
+        """exp_reference's operations in fp32 (compile with fp fusion off)."""
+        t = tl.minimum(tl.maximum(t, _EXP_LO), _EXP_HI)
+        n = tl.floor(t * _LOG2E + 0.5)
+        r = (t - n * _LN2_HI) - n * _LN2_LO
+        p = tl.zeros_like(r) + _C7
+        p = p * r + _C6
+        p = p * r + _C5
+        p = p * r + _C4
+        p = p * r + _C3
+        p = p * r + _C2
+        p = p * r + 1.0
+        p = p * r + 1.0
+        two_n = ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+        return p * two_n
 
     @triton.jit
     def sumsq_scale(mx, LOG2: tl.constexpr):

@@ -1,7 +1,7 @@
 """W8A8 fp8 GEMM that takes the activation already quantised: ``out = (A * sa) @ (W * sw)^T``.
 
 The consuming linears of the fp8-stream contract receive ``(q, scale)`` from
-add_rms_quant / silu_mul_quant instead of a bf16 activation. ``scaled_mm`` runs that
+add_rms_quant / gdn_norm_quant instead of a bf16 activation. ``scaled_mm`` runs that
 product with the best implementation the device has:
 
 * ``torch._scaled_mm`` where the arch has it for the scale layout: per-tensor scales on
@@ -30,7 +30,7 @@ import functools
 import torch
 
 from . import aot, shipped
-from .dispatch import DeviceInfo, describe, use_triton
+from .dispatch import DeviceInfo, describe, register_library_op, use_triton
 
 try:
     import triton
@@ -252,7 +252,7 @@ def scaled_mm(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_sca
               backend: str = "auto") -> torch.Tensor:
     """``(a_q * a_scale) @ (w_q * w_scale)^T`` in ``out_dtype``; see the module doc."""
     if backend == "auto":
-        return torch.ops.radiance.fp8_gemm(a_q, a_scale, w_q, w_scale, out_dtype, bias)
+        return _OP(a_q, a_scale, w_q, w_scale, out_dtype, bias)
     if backend == "scaled_mm":
         return _scaled_mm(a_q, a_scale, w_q, w_scale, out_dtype, bias)
     if backend == "triton":
@@ -262,9 +262,8 @@ def scaled_mm(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_sca
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
-@torch.library.custom_op("radiance::fp8_gemm", mutates_args=())
-def _fp8_gemm_op(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                 out_dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:
+def _fp8_gemm_gpu(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                  out_dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:
     if scaled_mm_supported(a_q, a_scale, w_q, w_scale, out_dtype):
         return _scaled_mm(a_q, a_scale, w_q, w_scale, out_dtype, bias)
     if use_triton(a_q, w_q):
@@ -272,11 +271,18 @@ def _fp8_gemm_op(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_
     return fp8_gemm_reference(a_q, a_scale, w_q, w_scale, out_dtype, bias)
 
 
-@_fp8_gemm_op.register_fake
-def _(a_q, a_scale, w_q, w_scale, out_dtype, bias):
+def _fp8_gemm_cpu(a_q: torch.Tensor, a_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                  out_dtype: torch.dtype, bias: torch.Tensor | None) -> torch.Tensor:
+    return fp8_gemm_reference(a_q, a_scale, w_q, w_scale, out_dtype, bias)
+
+
+def _fp8_gemm_fake(a_q, a_scale, w_q, w_scale, out_dtype, bias):
     _a_layout(a_scale, a_q.shape[0], a_q.shape[1])
     _w_layout(w_scale, w_q.shape[0], w_q.shape[1])
     return a_q.new_empty((a_q.shape[0], w_q.shape[0]), dtype=out_dtype)
+
+
+_OP = register_library_op("fp8_gemm", _fp8_gemm_cpu, _fp8_gemm_gpu, _fp8_gemm_fake)
 
 
 # ---------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ Rounding points, identical in the Triton kernel and ``gdn_norm_quant_reference``
 in fp32; each head's sum of squares order-free (add_rms_quant's fixed-point sum: scaled by a
 power of two from the head's largest square, truncated to int64, summed, converted back);
 ``/ D``, ``sqrt`` and ``1 / sqrt`` correctly rounded; ``(x * rstd) * w``; silu as
-``z / (1 + e)`` correctly rounded with ``e = exp(-z)`` from silu_mul_quant's own exp (plain
+``z / (1 + e)`` correctly rounded with ``e = exp(-z)`` from fp8_common's own exp (plain
 IEEE adds and multiplies, reproducible by torch); the product rounded once to x.dtype; then
 the shared fp8 quantiser (amax by a max reduction, exact in any order). Compiled with fp
 fusion off. Against stock only the last fp32 bit of the variance sum, of rsqrt and of exp
@@ -43,14 +43,12 @@ import torch
 from . import aot, shipped
 from . import fp8_common as fc
 from .dispatch import DeviceInfo, describe, eager_gpu_call, fp8_dtype_for_device, plan_cache, register_library_op
-from .silu_mul_quant import exp_reference
 
 try:  # Triton is optional: the reference runs everywhere.
     import triton
     import triton.language as tl
 
-    from .fp8_common import pow2, quant_row, round_to, sumsq_scale
-    from .silu_mul_quant import _exp_f32
+    from .fp8_common import exp_f32, pow2, quant_row, round_to, sumsq_scale
 except ImportError:  # pragma: no cover - CPU images without Triton
     triton = None
     tl = None
@@ -85,7 +83,7 @@ def check_shapes(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_s
 def silu_reference(z: torch.Tensor) -> torch.Tensor:
     """fp32 silu with the kernel's rounding points: z / (1 + exp(-z)), correctly rounded."""
     z = z.to(torch.float32)
-    return fc.div_rn(z, 1.0 + exp_reference(-z))
+    return fc.div_rn(z, 1.0 + fc.exp_reference(-z))
 
 
 def gdn_norm_reference(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
@@ -138,7 +136,7 @@ if triton is not None:
         sumsq = total.to(tl.float32) * pow2(-f)
         var = tl.math.div_rn(sumsq, tl.full([HB], D, tl.float32))
         rstd = tl.math.div_rn(tl.full([HB], 1.0, tl.float32), tl.math.sqrt_rn(var + eps))
-        silu = tl.math.div_rn(z, 1.0 + _exp_f32(-z))
+        silu = tl.math.div_rn(z, 1.0 + exp_f32(-z))
         out = ((x * rstd[:, None]) * w) * silu
         xn = round_to(out, act, NATIVE).to(tl.float32)
         # The quantiser's layout ([BLOCK / 8, 8], flat index i * 8 + j): the same row-major
@@ -202,7 +200,7 @@ def gdn_norm_quant_triton(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------
-# The op (registered like add_rms_quant's: torch.library.Library, no custom_op wrapper cost)
+# The op (dispatch.register_library_op)
 # ---------------------------------------------------------------------------------------
 
 def _gdn_norm_quant_gpu(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -21,7 +21,7 @@ import functools
 import torch
 
 from . import aot, shipped
-from .dispatch import DeviceInfo, use_triton
+from .dispatch import DeviceInfo, register_library_op, use_triton
 
 try:  # Triton is optional: a CPU-only install runs the reference
     import triton
@@ -135,26 +135,32 @@ def ngram_match_triton(ctx: torch.Tensor, n_tokens: torch.Tensor, k: int, ngram:
 
 # --- the op --------------------------------------------------------------------------------
 
-@torch.library.custom_op("radiance::ngram_match", mutates_args=())
-def _ngram_match_op(ctx: torch.Tensor, n_tokens: torch.Tensor, k: int, ngram: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def _ngram_match_gpu(ctx: torch.Tensor, n_tokens: torch.Tensor, k: int, ngram: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     if use_triton(ctx, n_tokens):
         return ngram_match_triton(ctx, n_tokens, k, ngram)
     return ngram_match_reference(ctx, n_tokens, k, ngram)
 
 
-@_ngram_match_op.register_fake
+def _ngram_match_cpu(ctx: torch.Tensor, n_tokens: torch.Tensor, k: int, ngram: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    return ngram_match_reference(ctx, n_tokens, k, ngram)
+
+
 def _ngram_match_fake(ctx: torch.Tensor, n_tokens: torch.Tensor, k: int, ngram: int):
     rows = n_tokens.shape[0]
     return (ctx.new_empty((rows, k), dtype=torch.int32),
             ctx.new_empty(rows, dtype=torch.int32))
 
 
+_OP = register_library_op("ngram_match", _ngram_match_cpu, _ngram_match_gpu, _ngram_match_fake)
+
+
 def ngram_match(ctx: torch.Tensor, n_tokens: torch.Tensor, k: int, ngram: int = 3
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Continuation (up to ``k``) after the latest earlier occurrence of each row's trailing
     ``ngram``-gram; Triton on GPU, reference on CPU."""
-    return torch.ops.radiance.ngram_match(ctx, n_tokens, k, ngram)
+    return _OP(ctx, n_tokens, k, ngram)
 
 
 # --- ahead-of-time launches (radiance.kernels.aot): the MTP profiles' draft depth, the context

@@ -50,14 +50,18 @@ from pathlib import Path
 import torch
 
 from radiance.kernels import aot, shipped
-from radiance.kernels.dispatch import DeviceInfo, describe, device_key, eager_gpu_call, use_triton  # noqa: F401
+from radiance.kernels.dispatch import (DeviceInfo, describe, device_key, eager_gpu_call,  # noqa: F401
+                                       register_library_op, use_triton)
 from radiance.kernels import w4_layout as layout
+from radiance.kernels.w4_common import dummy_workspace, split_k_counters
 
 logger = logging.getLogger("radiance")
 
 try:  # Triton is optional: the reference path serves CPU-only installs
     import triton
     import triton.language as tl
+
+    from radiance.kernels.w4_common import store_tile, unpack_asm, unpack_one
 
     HAS_TRITON = True
 except Exception:  # pragma: no cover - exercised only where triton is absent
@@ -77,124 +81,6 @@ TUNED_M = (1, 8, 16, 32, 64)
 # Triton kernel
 # --------------------------------------------------------------------------------------
 if HAS_TRITON:
-
-    @triton.jit
-    def _unpack_asm(w, FP16: tl.constexpr):
-        # Two K-adjacent words in, eight registers out; register i holds the two codes of
-        # nibble i (k = 16 i + j, 16 i + j + 1) as a bf16x2/f16x2 pair. prmt puts byte b of
-        # each word into the low byte of each half, lop3 keeps one nibble and ORs it into
-        # the mantissa of 128.0 (bf16) / 1024.0 (fp16), and the fma subtracts 136 / 1032,
-        # which is exact: the result is the code q in -8..7.
-        if FP16:
-            return tl.inline_asm_elementwise(
-                asm="""
-                {
-                .reg .b32 t, u, one, bias;
-                mov.b32 one, 0x3C003C00;
-                mov.b32 bias, 0xE408E408;
-                prmt.b32 t, $8, $9, 0x5410;
-                lop3.b32 $0, t, 0x000F000F, 0x64006400, 0xEA;
-                shr.b32 u, t, 4;
-                lop3.b32 $1, u, 0x000F000F, 0x64006400, 0xEA;
-                shr.b32 u, t, 8;
-                lop3.b32 $2, u, 0x000F000F, 0x64006400, 0xEA;
-                shr.b32 u, t, 12;
-                lop3.b32 $3, u, 0x000F000F, 0x64006400, 0xEA;
-                prmt.b32 t, $8, $9, 0x7632;
-                lop3.b32 $4, t, 0x000F000F, 0x64006400, 0xEA;
-                shr.b32 u, t, 4;
-                lop3.b32 $5, u, 0x000F000F, 0x64006400, 0xEA;
-                shr.b32 u, t, 8;
-                lop3.b32 $6, u, 0x000F000F, 0x64006400, 0xEA;
-                shr.b32 u, t, 12;
-                lop3.b32 $7, u, 0x000F000F, 0x64006400, 0xEA;
-                fma.rn.f16x2 $0, $0, one, bias;
-                fma.rn.f16x2 $1, $1, one, bias;
-                fma.rn.f16x2 $2, $2, one, bias;
-                fma.rn.f16x2 $3, $3, one, bias;
-                fma.rn.f16x2 $4, $4, one, bias;
-                fma.rn.f16x2 $5, $5, one, bias;
-                fma.rn.f16x2 $6, $6, one, bias;
-                fma.rn.f16x2 $7, $7, one, bias;
-                }
-                """,
-                constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r",
-                args=[w], dtype=(tl.float16,) * 8, is_pure=True, pack=2)
-        else:
-            return tl.inline_asm_elementwise(
-                asm="""
-                {
-                .reg .b32 t, u, one, bias;
-                mov.b32 one, 0x3F803F80;
-                mov.b32 bias, 0xC308C308;
-                prmt.b32 t, $8, $9, 0x4400;
-                lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA;
-                shr.b32 u, t, 4;
-                lop3.b32 $1, u, 0x000F000F, 0x43004300, 0xEA;
-                prmt.b32 t, $8, $9, 0x5511;
-                lop3.b32 $2, t, 0x000F000F, 0x43004300, 0xEA;
-                shr.b32 u, t, 4;
-                lop3.b32 $3, u, 0x000F000F, 0x43004300, 0xEA;
-                prmt.b32 t, $8, $9, 0x6622;
-                lop3.b32 $4, t, 0x000F000F, 0x43004300, 0xEA;
-                shr.b32 u, t, 4;
-                lop3.b32 $5, u, 0x000F000F, 0x43004300, 0xEA;
-                prmt.b32 t, $8, $9, 0x7733;
-                lop3.b32 $6, t, 0x000F000F, 0x43004300, 0xEA;
-                shr.b32 u, t, 4;
-                lop3.b32 $7, u, 0x000F000F, 0x43004300, 0xEA;
-                fma.rn.bf16x2 $0, $0, one, bias;
-                fma.rn.bf16x2 $1, $1, one, bias;
-                fma.rn.bf16x2 $2, $2, one, bias;
-                fma.rn.bf16x2 $3, $3, one, bias;
-                fma.rn.bf16x2 $4, $4, one, bias;
-                fma.rn.bf16x2 $5, $5, one, bias;
-                fma.rn.bf16x2 $6, $6, one, bias;
-                fma.rn.bf16x2 $7, $7, one, bias;
-                }
-                """,
-                constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r",
-                args=[w], dtype=(tl.bfloat16,) * 8, is_pure=True, pack=2)
-
-    @triton.jit
-    def _unpack_one(w, i: tl.constexpr, FP16: tl.constexpr, INTERPRET: tl.constexpr):
-        # portable form of the same magic-number trick, one code per int32 lane. The
-        # interpreter mishandles int->bf16 casts and bf16 dots, so there it is plain fp32.
-        if INTERPRET:
-            return (((w >> (4 * i)) & 0xF) - 8).to(tl.float32)
-        elif FP16:
-            v = (((w >> (4 * i)) & 0xF) | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
-            return v - 1032.0
-        else:
-            v = (((w >> (4 * i)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-            return v - 136.0
-
-    @triton.jit
-    def _store_tile(acc, out_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, m_in, n_in, stride_om, M, N,
-                    pid_n, pid_k, pid_m, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                    SPLIT_K: tl.constexpr):
-        """The fp32 [BLOCK_N, BLOCK_M] tile out (W4A16 and W4A8 end the same way). Split-K: each
-        program publishes its partial, and the tile's last to arrive (an atomic ticket) sums them
-        in split order -- the same order every time, so the result is reproducible -- and resets
-        the ticket, valid across launches and graph replays."""
-        out_offs = offs_m[None, :] * stride_om + offs_n[:, None]
-        o_mask = n_in[:, None] & m_in[None, :]
-        if SPLIT_K == 1:
-            tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=o_mask)
-        else:
-            ws_offs = offs_m[None, :] * N + offs_n[:, None]
-            tl.store(ws_ptr + pid_k * M * N + ws_offs, acc, mask=o_mask)
-            # every thread's partial is issued before the (single-thread) release below
-            tl.debug_barrier()
-            tile = pid_m * tl.num_programs(0) + pid_n
-            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if ticket == SPLIT_K - 1:
-                total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-                for sk in tl.static_range(SPLIT_K):
-                    total += tl.load(ws_ptr + sk * M * N + ws_offs, mask=o_mask, other=0.0,
-                                     cache_modifier=".cg")
-                tl.store(out_ptr + out_offs, total.to(out_ptr.dtype.element_ty), mask=o_mask)
-                tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
     @triton.jit(do_not_specialize=["M", "num_kblocks"])
     def _w4a16_gemm_kernel(
@@ -228,13 +114,13 @@ if HAS_TRITON:
         for kb in range(kb_lo, kb_hi):
             w = tl.load(w_ptrs + kb * 256, mask=n_in[:, None], other=0)
             if USE_ASM:
-                qs = _unpack_asm(w, FP16)
+                qs = unpack_asm(w, FP16)
             part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             for i in tl.static_range(8):
                 if USE_ASM:
                     q = qs[i]
                 else:
-                    q = _unpack_one(w, i, FP16, INTERPRET)
+                    q = unpack_one(w, i, FP16, INTERPRET)
                 k0 = kb * 128 + 16 * i
                 if EVEN_K:
                     xs = tl.load(x_ptrs + k0, mask=m_in[:, None], other=0.0)
@@ -253,7 +139,7 @@ if HAS_TRITON:
                     acc += part * s[:, None]
                     part = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
 
-        _store_tile(acc, out_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, m_in, n_in, stride_om, M, N,
+        store_tile(acc, out_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, m_in, n_in, stride_om, M, N,
                     pid_n, pid_k, pid_m, BLOCK_N, BLOCK_M, SPLIT_K)
 
 
@@ -351,32 +237,6 @@ def clear_caches() -> None:
 # --------------------------------------------------------------------------------------
 # launcher
 # --------------------------------------------------------------------------------------
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    # Per (device, stream): two split-K launches on one stream are ordered, on two streams
-    # they could interleave tickets. Sized to a power of two so capture-time growth is rare.
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        size = 1 << max(12, (n - 1).bit_length())
-        buf = torch.zeros(size, dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
-
-
-_DUMMY: dict[tuple, torch.Tensor] = {}
-
-
-def _dummy_ws(device: torch.device) -> torch.Tensor:
-    key = (device.type, device.index)
-    if key not in _DUMMY:
-        _DUMMY[key] = torch.zeros(1, dtype=torch.float32, device=device)
-    return _DUMMY[key]
-
-
 def launch_plan(m: int, n: int, k: int, group_size: int, fp16: bool, dev: DeviceInfo,
                 config: Config | None = None) -> tuple[Config, tuple[int, int, int], dict]:
     """(config, grid, keyword arguments) of the kernel launch for ``x [m, k] @ W[n, k]^T`` on a
@@ -414,10 +274,10 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     kblocks = kp // layout.KBLOCK
     if split > 1:
         ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-        cnt = _counters(x.device, grid[0] * grid[2])
+        cnt = split_k_counters(x.device, grid[0] * grid[2])
     else:
         # unused, but typed as in the split-K launch: one compiled signature for both
-        ws, cnt = _dummy_ws(x.device), _counters(x.device, 1)
+        ws, cnt = dummy_workspace(x.device), split_k_counters(x.device, 1)
     _w4a16_gemm_kernel[grid](
         x, qweight, scales, out, ws, cnt,
         m, n, k, x.stride(0), out.stride(0), qweight.stride(0), kblocks, **kwargs)
@@ -466,15 +326,6 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_s
                          f"K={x.shape[1]}, G={group_size} (want {want_q}, {want_s})")
 
 
-@torch.library.custom_op("radiance::w4a16_gemm", mutates_args=())
-def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
-    """``x [M, K] @ W^T`` for a packed 4-bit W; Triton on GPU tensors, the reference elsewhere."""
-    _check(x, qweight, scales, group_size)
-    if use_triton(x, qweight, scales) and x.dtype in (torch.bfloat16, torch.float16):
-        return _gpu_path(x, qweight, scales, group_size)
-    return w4a16_gemm_reference(x, qweight, scales, group_size)
-
-
 def _gpu_path(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
     """The kernel up to LARGE_M rows, dequantise + matmul above (checked inputs)."""
     if x.shape[0] > LARGE_M:
@@ -482,20 +333,40 @@ def _gpu_path(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, grou
     return w4a16_gemm_triton(x, qweight, scales, group_size)
 
 
-@w4a16_gemm.register_fake
+def _w4a16_gemm_gpu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    _check(x, qweight, scales, group_size)
+    if use_triton(x, qweight, scales) and x.dtype in (torch.bfloat16, torch.float16):
+        return _gpu_path(x, qweight, scales, group_size)
+    return w4a16_gemm_reference(x, qweight, scales, group_size)
+
+
+def _w4a16_gemm_cpu(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    _check(x, qweight, scales, group_size)
+    return w4a16_gemm_reference(x, qweight, scales, group_size)
+
+
 def _w4a16_gemm_fake(x, qweight, scales, group_size):
     return x.new_empty((x.shape[0], scales.shape[1]))
+
+
+_OP = register_library_op("w4a16_gemm", _w4a16_gemm_cpu, _w4a16_gemm_gpu, _w4a16_gemm_fake)
+
+
+def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``x [M, K] @ W^T`` for a packed 4-bit W through ``torch.ops.radiance.w4a16_gemm``: Triton on GPU
+    tensors, the reference elsewhere."""
+    return _OP(x, qweight, scales, group_size)
 
 
 def gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
     """The op, entered the cheapest way: eager calls on plain GPU tensors go straight to the path the op
     would take (vLLM computes logits outside its compiled graph, so the lm_head's call per draft slot
-    would otherwise pay custom_op's Python dispatch each time); traced, fake and CPU calls go through
+    would otherwise pay the dispatcher each time); traced, fake and CPU calls go through
     ``torch.ops.radiance.w4a16_gemm``."""
     if eager_gpu_call(x, qweight, scales) and x.dtype in (torch.bfloat16, torch.float16):
         _check(x, qweight, scales, group_size)
         return _gpu_path(x, qweight, scales, group_size)
-    return torch.ops.radiance.w4a16_gemm(x, qweight, scales, group_size)
+    return _OP(x, qweight, scales, group_size)
 
 
 # --------------------------------------------------------------------------------------

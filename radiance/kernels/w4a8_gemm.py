@@ -52,7 +52,8 @@ import torch
 from . import aot, shipped
 from . import w4_layout as layout
 from .dispatch import DeviceInfo, describe, eager_gpu_call, register_library_op, use_triton
-from .w4a16_gemm import HAS_TRITON, LARGE_M, MAX_KERNEL_M, _counters, _dummy_ws, m_bucket
+from .w4_common import dummy_workspace, split_k_counters
+from .w4a16_gemm import HAS_TRITON, LARGE_M, MAX_KERNEL_M, m_bucket
 from .w4a16_gemm import default_config as _w4a16_default
 
 logger = logging.getLogger("radiance")
@@ -61,8 +62,8 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    # W4A16's code unpack (the layout's magic-number trick; inline PTX on CUDA) for the 16-bit MMA variant
-    from .w4a16_gemm import _store_tile, _unpack_asm, _unpack_one
+    # the layout's code unpack (its magic-number trick; inline PTX on CUDA) for the 16-bit MMA variant
+    from .w4_common import store_tile, unpack_asm, unpack_one
 
 KBLOCK = layout.KBLOCK
 A_GROUP = 128            # the epilogue's per-group activation scales
@@ -195,12 +196,12 @@ if HAS_TRITON:
                     # codes (exact in bf16) per 16-wide slab as W4A16 unpacks them, the fp8 activation
                     # upcast to bf16 (exact: e4m3 has 4 significant bits); same products, same fp32 sums
                     if USE_ASM:
-                        qs = _unpack_asm(w, False)
+                        qs = unpack_asm(w, False)
                     for i in tl.static_range(8):
                         if USE_ASM:
                             q16 = qs[i]
                         else:
-                            q16 = _unpack_one(w, i, False, INTERPRET)
+                            q16 = unpack_one(w, i, False, INTERPRET)
                         xs = tl.load(a_rows + kb * 128 + 16 * i + tl.arange(0, 16)[None, :], mask=m_in[:, None],
                                      other=0.0)
                         if INTERPRET:
@@ -234,7 +235,7 @@ if HAS_TRITON:
             else:
                 sa = tl.load(sa_ptr + offs_m * stride_sam, mask=m_in, other=0.0)
                 acc = acc * sa[None, :]
-        _store_tile(acc, out_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, m_in, n_in, stride_om, M, N,
+        store_tile(acc, out_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, m_in, n_in, stride_om, M, N,
                     pid_n, pid_k, pid_m, BLOCK_N, BLOCK_M, SPLIT_K)
 
 
@@ -347,9 +348,9 @@ def w4a8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, qweight: torch.Te
     cfg, grid, kwargs = launch_plan(m, n, k, group_size, a_l, dev, config)
     if grid[1] > 1:
         ws = torch.empty((grid[1], m, n), dtype=torch.float32, device=a_q.device)
-        cnt = _counters(a_q.device, grid[0] * grid[2])
+        cnt = split_k_counters(a_q.device, grid[0] * grid[2])
     else:  # unused, typed as in the split-K launch
-        ws, cnt = _dummy_ws(a_q.device), _counters(a_q.device, 1)
+        ws, cnt = dummy_workspace(a_q.device), split_k_counters(a_q.device, 1)
     # The interpreter has no fp8 pointers: it reads the (exact) fp32 values of the codes. The 16-bit
     # MMA takes the codes upcast to bf16 (exact) once here: converting them in the kernel repeats the
     # conversion in every N tile, and at decode that ALU work is what bounds the kernel (H200: +50 %).

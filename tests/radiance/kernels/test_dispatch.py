@@ -90,3 +90,28 @@ def test_eager_gpu_entries_skip_the_dispatcher_and_match_the_ops():
     out, want = dc.draft_confidence(logits), torch.ops.radiance.draft_confidence(logits, -1)
     assert torch.equal(out[0], want[0]) and torch.equal(out[2], want[2])
     torch.testing.assert_close(out[1], want[1], rtol=3e-5, atol=0)
+
+
+KERNEL_OPS = ("add_rms_quant", "allreduce_add_rms_quant", "gdn_norm_quant", "quant_fp8", "fp8_gemm",
+              "w4a16_gemm", "w4a8_gemm", "draft_confidence", "draft_top1", "ngram_match")
+
+
+def test_every_kernel_op_is_registered_one_way():
+    """dispatch.register_library_op: a CPU implementation (the reference), a CUDA one and a fake, per op; no
+    kernel module registers an op another way."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    from radiance.kernels import aot
+
+    for mod in aot.KERNEL_MODULES:
+        importlib.import_module(mod)
+    for name in KERNEL_OPS:
+        for key in ("CPU", "CUDA", "Meta"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"radiance::{name}", key), (name, key)
+    kernels = Path(aot.__file__).parent
+    other = {p.name for p in kernels.glob("*.py")
+             for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Attribute) and node.attr in ("custom_op", "Library") and p.name != "dispatch.py"}
+    assert other == set()

@@ -1,5 +1,5 @@
-"""The fp8 facts the kernels quantise with: vLLM's own where vLLM runs, the same facts in plain
-torch where it does not (kernels never import vLLM themselves)."""
+"""The fp8 facts the kernels quantise with (vLLM's own where vLLM runs, the same facts in plain
+torch where it does not: kernels never import vLLM themselves), and the shared reproducible exp."""
 from __future__ import annotations
 
 import subprocess
@@ -27,7 +27,7 @@ def test_where_vllm_runs_its_fp8_format_and_bound_are_the_kernels():
 def test_kernels_alone_do_not_import_vllm():
     code = ("import sys\n"
             "from radiance.kernels import add_rms_quant, allreduce_add_rms_quant, fp8_common, gdn_norm_quant, "
-            "quant_fp8, silu_mul_quant\n"
+            "quant_fp8\n"
             "import torch\n"
             "assert fp8_common.fp8_max(torch.float8_e4m3fnuz) == 224.0\n"
             "assert fp8_common.resolve_fp8_dtype(None, torch.device('cpu')) == torch.float8_e4m3fn\n"
@@ -43,3 +43,15 @@ def test_a_described_target_keeps_its_own_format():
 
     with dispatch.describing(aot.DEVICES["gfx942"]):
         assert dispatch.fp8_dtype_for_device(torch.device("cuda", 0)) == torch.float8_e4m3fnuz
+
+
+def test_exp_reference_accuracy():
+    t = torch.linspace(-80.0, 88.0, 200_001, dtype=torch.float32)
+    got = fc.exp_reference(t).double()
+    want = torch.exp(t.double())
+    assert ((got - want).abs() / want).max().item() < 2 * 2.0 ** -23  # within 2 ulp
+
+
+def test_exp_reference_clamps_instead_of_overflowing():
+    got = fc.exp_reference(torch.tensor([-1000.0, 1000.0]))
+    assert torch.isfinite(got).all() and got[0] > 0
