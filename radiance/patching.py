@@ -70,6 +70,9 @@ def resolve(path: str) -> tuple[Any, str, Any]:
 
 _INHERITED = object()
 _ADDED = object()  # an attribute the patch put where there was none: reverted by deleting it
+# (owner, name) pairs whose current replacement is a Hooks method: its body reaches the original as
+# ``self._orig_<name>``, so a second patch on the same attribute would turn that call into a loop.
+_HOOKED: set[tuple[int, str]] = set()
 
 
 class Hooks:
@@ -146,14 +149,15 @@ class Patch:
 
     def hook(self, hooks: type[Hooks], owner: Any = None) -> None:
         """Put ``hooks``' methods on ``owner`` (by default the class its ``target`` names), each in place
-        of the attribute of its name, and this patch on ``owner`` as ``hooks.via``. An attribute
-        another patch already replaced is refused (raises): its original, reached as
-        ``_orig_<name>``, would be lost."""
+        of the attribute of its name, and this patch on ``owner`` as ``hooks.via``. Over another
+        patch's closure-style replacement (``replace``: it holds its own original) the hooks chain:
+        ``self._orig_<name>`` is then that replacement. Over another patch's Hooks method it is refused
+        (raises): both bodies would call the one ``_orig_<name>``, and one would call itself."""
         if owner is None:
             owner = resolve(hooks.target)[2]
         names = hooks.replacements()
         for name in names:
-            if f"_orig_{name}" in vars(owner):
+            if (id(owner), name) in _HOOKED:
                 raise RuntimeError(f"{getattr(owner, '__name__', owner)}.{name} is replaced already")
         if vars(owner).get(hooks.via) is not self:
             had = hooks.via in vars(owner)
@@ -162,9 +166,11 @@ class Patch:
             self._replaced.append((owner, hooks.via, orig))
         for name, fn in names.items():
             self.replace(owner, name, fn)
+            _HOOKED.add((id(owner), name))
 
     def revert(self) -> None:
         for owner, attr, orig in reversed(self._replaced):
+            _HOOKED.discard((id(owner), attr))
             if orig is _INHERITED or orig is _ADDED:
                 delattr(owner, attr)
             else:

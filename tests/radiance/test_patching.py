@@ -146,3 +146,43 @@ def test_hooks_on_an_inherited_attribute_revert_by_deleting():
     assert Child().step(1) == 23 and Engine().step(1) == 2
     p.revert()
     assert "step" not in vars(Child) and "_probe_patch" not in vars(Child) and Child().step(1) == 2
+
+
+class WrappingPatch(Patch):
+    """A closure-style patch on the same attribute (int4-head and fp8-stream both replace the loader's
+    load_model): it holds its own original, so hooks may chain over it."""
+
+    name = "wrapping"
+
+    def apply(self):
+        orig = Engine.step
+        self.replace(Engine, "step", lambda obj, n: orig(obj, n) + 100)
+
+
+def test_hooks_chain_over_a_closure_replacement_and_both_revert():
+    orig = Engine.step
+    first, second = WrappingPatch(), HookingPatch()
+    first.apply()
+    second.apply()                       # not refused: the closure keeps its own original
+    try:
+        assert Engine().step(1) == 10 * (2 + 100) + 3
+    finally:
+        second.revert()
+        assert Engine().step(1) == 102
+        first.revert()
+    assert Engine.step is orig and not hasattr(Engine, "_orig_step")
+
+
+def test_the_real_loader_takes_int4_head_then_fp8_stream():
+    """Both replace BaseModelLoader.load_model (int4-head as a closure, fp8-stream as Hooks): the seeds'
+    deployment has both on, so the second must install over the first."""
+    from radiance.fp8_stream.patch import Fp8StreamPatch
+    from radiance.lmhead_int4.patch import Int4HeadPatch
+
+    a, b = Int4HeadPatch(), Fp8StreamPatch()
+    a.apply()
+    try:
+        b.apply()
+        b.revert()
+    finally:
+        a.revert()
