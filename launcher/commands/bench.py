@@ -22,15 +22,19 @@ def _ints(option: str, raw: str) -> list[int]:
     return values
 
 
-def _engine_env(items: tuple[str, ...]) -> dict[str, str]:
-    out = {}
+def _pairs(option: str, items: tuple[str, ...], example: str, form: str = "NAME=VALUE") -> list[tuple[str, str]]:
+    """NAME=VALUE items of a repeatable option, each refused in one line when it is not one."""
+    out = []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise errors.UsageError(f"--engine-env {item!r}: expected NAME=VALUE — fix: e.g. "
-                                    "--engine-env VLLM_LOGGING_LEVEL=DEBUG")
-        out[key] = value
+            raise errors.UsageError(f"{option} {item!r}: expected {form} — fix: e.g. {option} {example}")
+        out.append((key, value))
     return out
+
+
+def _engine_env(items: tuple[str, ...]) -> dict[str, str]:
+    return dict(_pairs("--engine-env", items, "VLLM_LOGGING_LEVEL=DEBUG"))
 
 
 def _with_vllm_args(profile, items: tuple[str, ...]):
@@ -42,10 +46,7 @@ def _with_vllm_args(profile, items: tuple[str, ...]):
     from ..profile import Profile
 
     args = dict(profile.vllm_args)
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise errors.UsageError(f"--vllm-arg {item!r}: expected KEY=VALUE — fix: e.g. --vllm-arg enforce-eager=true")
+    for key, raw in _pairs("--vllm-arg", items, "enforce-eager=true", "KEY=VALUE"):
         args[key] = YAML(typ="safe").load(raw) if raw.strip() else None
     from pydantic import ValidationError
 
@@ -165,8 +166,10 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
         _table(report)
         console.info(f"report: {out}")
     failed = [s["set"] for s in report["sets"] if "error" in s]
-    lossy = [s["set"] for s in report["sets"] if s.get("lossless") and s["lossless"]["violations"]]
-    unsure = [s["set"] for s in report["sets"] if s.get("lossless") and not s["lossless"]["positions"]]
+    # Nothing checked still fails, as before; only a check whose every prompt was unscorable is a warning.
+    lossy = [s["set"] for s in report["sets"] if s.get("lossless") and not s["lossless"]["ok"]
+             and not s["lossless"].get("inconclusive")]
+    unsure = [s["set"] for s in report["sets"] if s.get("lossless") and s["lossless"].get("inconclusive")]
     if unsure:
         console.warn(f"bench: the lossless check could not score set(s) {', '.join(unsure)}: every re-scored "
                      "prompt disagreed with the engine's own prefill (see 'unscorable' in the report)")
