@@ -34,14 +34,18 @@ def test_install_swaps_the_loggers_class_and_revert_restores_it():
     from vllm.v1.metrics.loggers import PrometheusStatLogger
     from vllm.v1.spec_decode.metrics import SpecDecodingProm
 
+    # Another test in this process may have loaded the plugin already (vLLM loads its general plugins when
+    # an engine config is built), so revert must give back what was there, not necessarily vLLM's class.
+    before = PrometheusStatLogger._spec_decoding_cls
     patch = patch_server.ServerMetricsPatch()
     assert patch.install(vllm.__version__).status == "applied"
     try:
         cls = PrometheusStatLogger._spec_decoding_cls
-        assert issubclass(cls, SpecDecodingProm) and cls is not SpecDecodingProm
+        assert issubclass(cls, SpecDecodingProm) and cls is not before
+        assert cls.__name__ == "RadianceSpecDecodingProm"
     finally:
         patch.revert()
-    assert PrometheusStatLogger._spec_decoding_cls is SpecDecodingProm
+    assert PrometheusStatLogger._spec_decoding_cls is before
 
 
 def test_counters_export_with_vllms_labels_and_their_own():
