@@ -11,6 +11,7 @@ JSON and never imports the plugin's internals.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -147,7 +148,9 @@ def aot_results(arch: str, timeout: float = 600.0) -> tuple[list[dict] | None, s
     if importlib.util.find_spec("triton") is None:
         return None, "not checked: Triton is not installed in this Python"
     cache = paths.cache_home() / "aot-check"
-    cmd = [sys.executable, "-m", "radiance.kernels.aot", "--arch", arch, "--json", "--cache-dir", str(cache)]
+    # every core: a first check compiles a few hundred variants per arch, independent of each other
+    cmd = [sys.executable, "-m", "radiance.kernels.aot", "--arch", arch, "--json", "--cache-dir", str(cache),
+           "--jobs", "0"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         return json.loads(proc.stdout)["results"], ""
@@ -232,8 +235,13 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
             rep.add("engine", "fail", "vLLM is not installed in this Python — fix: `make install` "
                     "(CPU) or use runtime docker")
         elif capabilities:
+            # Both import vLLM in a process of their own (~15 s each on two cores): side by side.
+            pool = concurrent.futures.ThreadPoolExecutor(2)
+            caps_job = pool.submit(capabilities_local)
+            args_job = pool.submit(vllm_args_problems, profile.vllm_args) if profile.vllm_args else None
+            pool.shutdown(wait=False)
             try:
-                caps = capabilities_local()
+                caps = caps_job.result()
             except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
                 rep.add("engine", "fail", str(exc))
             else:
@@ -245,9 +253,9 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
                     rep.add("engine", "ok", f"vLLM {caps['vllm_version']}, radiance {caps['radiance_version']}")
                 for problem in caps.get("knob_problems", []):
                     rep.add("knobs", "fail", problem)
-            if profile.vllm_args:
+            if args_job is not None:
                 try:
-                    found = vllm_args_problems(profile.vllm_args)
+                    found = args_job.result()
                 except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
                     rep.add("vllm_args", "warn", f"not checked: {exc}")
                 else:
