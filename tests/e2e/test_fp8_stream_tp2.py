@@ -1,13 +1,16 @@
-"""fp8-stream on real vLLM (CPU, gloo), quantised online with radiance_fp8.
+"""fp8-stream on real vLLM (CPU, gloo), quantised online with radiance_fp8, where it must decline: at
+TP=1 and on the all-MoE trained model (no consumer takes (q, scale)) it declines in one line per process
+and serves stock.
 
-At TP=2 the contract must give the same greedy tokens as the stock fp8 path (the same
-quantisation, fp8-stream off), alone and batched, with the epilogue count of the layer plan
-in the install line; at TP=1, and on the all-MoE trained model (no consumer takes (q, scale)),
-it declines in one line per process and serves stock.
+Where it applies, its tokens against the stock fp8 path are proven by the servers that already run it:
+test_tiny_tp2.py (the trained tiny Qwen3.5 at TP=2, fp8-stream on vs the same radiance_fp8 linears
+without the contract, token for token, with the install line's epilogue count) and
+test_fp8_stream_block_tp2.py (a Qwen3-Next with a MoE layer, block-fp8 checkpoint, on vs off); the
+plan's per-site reasons are unit-tested in tests/radiance/fp8_stream/test_fp8_stream_plan.py.
 
-The test model is the tiny generator's numerics variant (tools/tinymodel/weights.py): layers
-0-2 dense (vLLM's Qwen3NextForCausalLM needs one MoE layer, so layer 3 keeps one), a distinct
-weight per RMSNorm, and decisive greedy logits.
+The TP=1 model is the tiny generator's numerics variant (tools/tinymodel/weights.py): layers 0-2 dense
+(vLLM's Qwen3NextForCausalLM needs one MoE layer, so layer 3 keeps one), so a site would qualify but
+for the tensor parallel size.
 """
 from __future__ import annotations
 
@@ -64,37 +67,13 @@ def runs(dense_model, tmp_path_factory):
     return get
 
 
-def expected_epilogues(config: dict) -> tuple[int, int]:
-    """(input, post-attention) epilogues the plan must install: a dense MLP consumes its
-    layer's post-attention epilogue, and its down_proj defers into the next layer's input."""
-    dense = set(config["mlp_only_layers"])
-    n = config["num_hidden_layers"]
-    return sum(1 for i in range(1, n) if i - 1 in dense), len(dense)
-
-
-def test_tp2_stream_equals_stock_fp8_path(runs, dense_model):
-    on, log_on = runs("dense", 2, True)
-    off, log_off = runs("dense", 2, False)
-    n_in, n_mid = expected_epilogues(json.loads((dense_model / "config.json").read_text()))
-    installed = _lines(log_on, "installed")
-    assert len(installed) == 2, log_on[-3000:]  # one line per TP rank
-    for line in installed:
-        assert f"{n_in} input + {n_mid} post-attention epilogues over 4 layers" in line, line
-        assert "3: post-attention: mlp (Qwen3NextSparseMoeBlock) takes no pre-quantised input" in line
-    assert not _lines(log_off, "") and "latched off" not in log_on + log_off
-    assert on["alone"] == off["alone"]
-    assert on["batched"] == off["batched"]
-    assert on["alone"] == on["batched"]
-    assert len({tok for seq in on["batched"] for tok in seq}) > 20  # not a degenerate loop
-
-
 def test_tp1_declines_in_one_line_and_serves_stock(runs):
     on, log_on = runs("dense", 1, True)
-    off, _ = runs("dense", 1, False)
     declined = _lines(log_on, "declined")
     assert len(declined) == 1 and "tensor parallel size is 1" in declined[0], log_on[-3000:]
-    assert not _lines(log_on, "installed")
-    assert on["alone"] == off["alone"] and on["batched"] == off["batched"]
+    # declined means nothing of the contract is on the model: no install line, no latch, and it serves
+    assert not _lines(log_on, "installed") and "latched off" not in log_on
+    assert all(len(seq) == 24 for seq in on["alone"] + on["batched"])
 
 
 def test_all_moe_model_declines_with_the_moe_reason(runs):
