@@ -70,7 +70,7 @@ def _read_counters(worker):
     return out
 
 
-def _run(model: Path, dynamic: bool, monkeypatch, speculative: bool = True, lookahead: bool = False) -> dict:
+def _run(model: Path, dynamic: bool, monkeypatch, lookahead: bool = False) -> dict:
     """Start an engine (dynamic-draft on or off), generate alone and 8-wide, stop it."""
     from vllm import LLM, SamplingParams
 
@@ -79,20 +79,6 @@ def _run(model: Path, dynamic: bool, monkeypatch, speculative: bool = True, look
     monkeypatch.setenv("RADIANCE_ENABLE", "1")
     # collective_rpc ships the counting functions to the worker by pickle
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    if not speculative:
-        llm = LLM(model=str(model), dtype="bfloat16", enable_prefix_caching=False,
-                  max_model_len=512, max_num_seqs=8, kv_cache_memory_bytes=256 << 20,
-                  enforce_eager=True, seed=0)
-        try:
-            params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-            return {"alone": [list(llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids)
-                              for p in PROMPTS],
-                    "batch": [list(o.outputs[0].token_ids)
-                              for o in llm.generate(PROMPTS, params, use_tqdm=False)]}
-        finally:
-            llm.llm_engine.engine_core.shutdown()
-            del llm
-            gc.collect()
     llm = LLM(
         model=str(model),
         dtype="bfloat16",  # vLLM's CPU GDN kernels take bf16 only
@@ -153,8 +139,6 @@ def results(tmp_path_factory):
         for name, model in _models(tmp_path_factory):
             out[name] = {"stock": _run(model, False, mp), "dynamic": _run(model, True, mp),
                          "lookahead": _run(model, True, mp, lookahead=True)}
-            if name == "trained":  # the issue asks whether spec and non-spec agree there
-                out[name]["nonspec"] = _run(model, False, mp, speculative=False)
     finally:
         mp.undo()
     report = os.environ.get("E2E_DRAFT_REPORT")
@@ -222,19 +206,3 @@ def test_report_forwards_per_accepted_token(results, capsys):
                                 f"tok/s={len(PROMPTS) * MAX_TOKENS / secs:.1f}")
                 print(" | ".join(line))
 
-
-def test_report_speculative_vs_non_speculative(results, capsys):
-    """Informational: greedy MTP decoding against plain decoding on the trained model (on the
-    random model they differ within a few tokens: its logits are chaotic, bf16 numerics of
-    different batch shapes decide near-ties)."""
-    r = results.get("trained")
-    if r is None or "nonspec" not in r:
-        pytest.skip("no trained tiny model in models/")
-    with capsys.disabled():
-        for mode in ("alone", "batch"):
-            pairs = list(zip(r["stock"][mode], r["nonspec"][mode]))
-            same = sum(a == b for a, b in pairs)
-            first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-                     for a, b in pairs]
-            print(f"[dynamic-draft e2e] trained/{mode}: speculative == non-speculative for "
-                  f"{same}/{len(pairs)} prompts; first differing token per prompt: {first}")
