@@ -26,7 +26,7 @@ def shipped_prompt_sets() -> list[str]:
 
 
 def is_prompt_set_path(value: str) -> bool:
-    return value.endswith(".jsonl") or "/" in value or "\\" in value
+    return is_path(value, ".jsonl")
 
 
 def shipped_held_texts() -> list[str]:
@@ -37,15 +37,25 @@ def is_path(value: str, suffix: str) -> bool:
     return value.endswith(suffix) or "/" in value or "\\" in value
 
 
-def _check_prompt_set(v: str) -> str:
-    if is_prompt_set_path(v):
+def _check_shipped(v: str, noun: str, suffix: str, shipped: list[str]) -> str:
+    """A shipped version name (v1, ...) or a path to the user's own file of that kind."""
+    if is_path(v, suffix):
         return v  # a user file; read (and reported if missing) when the gate runs
-    shipped = shipped_prompt_sets()
     if not _VERSION_NAME.match(v) or v not in shipped:
-        raise ValueError(f"unknown prompt set {v!r} — fix: one of {', '.join(shipped) or '(none shipped)'}"
-                         " or a path to a .jsonl file")
+        raise ValueError(f"unknown {noun} {v!r} — fix: one of {', '.join(shipped) or '(none shipped)'}"
+                         f" or a path to a {suffix} file")
     return v
 
+
+def _check_prompt_set(v: str) -> str:
+    return _check_shipped(v, "prompt set", ".jsonl", shipped_prompt_sets())
+
+
+
+def _between_0_and_1(v: float | None, noun: str, fix: str, example: str) -> float | None:
+    if v is not None and not 0.0 <= v <= 1.0:
+        raise ValueError(f"{v} is not a {noun} — fix: {fix} between 0 and 1, e.g. {example}")
+    return v
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
@@ -96,9 +106,7 @@ class AcceptanceConfig(_Section):
     @field_validator("min_acceptance_rate")
     @classmethod
     def _rate(cls, v: float | None) -> float | None:
-        if v is not None and not 0.0 <= v <= 1.0:
-            raise ValueError(f"{v} is not a fraction — fix: a rate between 0 and 1, e.g. 0.6")
-        return v
+        return _between_0_and_1(v, "fraction", "a rate", "0.6")
 
     @field_validator("min_per_position")
     @classmethod
@@ -203,20 +211,12 @@ class TargetConfig(_Section):
     @field_validator("min_prefix_agreement", "min_full_agreement")
     @classmethod
     def _share(cls, v: float | None) -> float | None:
-        if v is not None and not 0.0 <= v <= 1.0:
-            raise ValueError(f"{v} is not a share — fix: a fraction between 0 and 1, e.g. 0.9")
-        return v
+        return _between_0_and_1(v, "share", "a fraction", "0.9")
 
     @field_validator("held_text")
     @classmethod
     def _held_text(cls, v: str) -> str:
-        if is_path(v, ".txt"):
-            return v  # a user file; read (and reported if missing) when the gate runs
-        shipped = shipped_held_texts()
-        if not _VERSION_NAME.match(v) or v not in shipped:
-            raise ValueError(f"unknown held text {v!r} — fix: one of {', '.join(shipped) or '(none shipped)'}"
-                             " or a path to a .txt file")
-        return v
+        return _check_shipped(v, "held text", ".txt", shipped_held_texts())
 
     _prompt_set = field_validator("prompt_set")(classmethod(lambda cls, v: _check_prompt_set(v)))
 
