@@ -22,6 +22,7 @@ from radiance.fp8_stream.plan import (
     plan_stream,
 )
 from radiance.kernels.add_rms_quant import add_rms_quant_reference
+from wrong_sum import planted_wrong_sum
 
 PER_TOKEN = Fp8Input(0, torch.float8_e4m3fn)
 
@@ -377,15 +378,7 @@ def test_fused_epilogue_self_test_passes_and_a_planted_difference_fails_it(dense
     weight = (torch.randn(k) * 0.1).to(torch.bfloat16)
     monkeypatch.setattr(fa, "_PROVEN", {})
     assert fa.prove(weight, 1e-6, 0, torch.float8_e4m3fn, torch.bfloat16, torch.device("cpu")) == (True, "")
-    real = fa._TP2_OP
-
-    def planted(*args):
-        q, scale, residual = real(*args)
-        residual = residual.clone()
-        residual.view(-1)[3] += 1.0
-        return q, scale, residual
-
-    monkeypatch.setattr(fa, "_TP2_OP", planted)
+    monkeypatch.setattr(fa, "_TP2_OP", planted_wrong_sum(fa._TP2_OP, 3))
     monkeypatch.setattr(fa, "_PROVEN", {})
     ok, why = fa.prove(weight, 1e-6, 0, torch.float8_e4m3fn, torch.bfloat16, torch.device("cpu"))
     assert not ok and why == (f"rank 0: M=1: sum (new residual): 1 of {k} differ against gloo's all-reduce "

@@ -11,6 +11,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from wrong_sum import planted_wrong_sum  # noqa: E402
+
 
 def _rank_main(rank: int, port: int, out) -> None:
     import torch
@@ -27,15 +29,7 @@ def _rank_main(rank: int, port: int, out) -> None:
         args = (weight, 1e-6, 0, torch.float8_e4m3fn, torch.bfloat16, torch.device("cpu"))
         first = fa.prove(*args)
         if rank == 1:  # a wrong sum on this rank only
-            real = fa._TP2_OP
-
-            def planted(*a):
-                q, scale, residual = real(*a)
-                residual = residual.clone()
-                residual.view(-1)[0] += 1.0
-                return q, scale, residual
-
-            fa._TP2_OP = planted
+            fa._TP2_OP = planted_wrong_sum(fa._TP2_OP, 0)
         fa._PROVEN.clear()
         out.put((rank, first, fa.prove(*args)))
 
