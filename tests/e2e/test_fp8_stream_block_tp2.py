@@ -14,9 +14,17 @@ import json
 
 import pytest
 
-from .test_fp8_stream_tp2 import DENSE_LAYERS, _lines, _run, expected_epilogues
+from .test_fp8_stream_tp2 import DENSE_LAYERS, _lines, _run
 
 pytestmark = pytest.mark.e2e
+
+
+def expected_epilogues(config: dict) -> tuple[int, int]:
+    """(input, post-attention) epilogues the plan must install: a dense MLP consumes its
+    layer's post-attention epilogue, and its down_proj defers into the next layer's input."""
+    dense = set(config["mlp_only_layers"])
+    n = config["num_hidden_layers"]
+    return sum(1 for i in range(1, n) if i - 1 in dense), len(dense)
 
 
 @pytest.fixture(scope="module")
