@@ -49,8 +49,9 @@ Serving it: ``--quantization radiance_fp8`` (bf16 or block-fp8 checkpoint; or ``
 RADIANCE_FP8_STREAM=1, TP > 1. Consumers that qualify: full-attention qkv_proj, the GDN's
 in_proj_qkvz + in_proj_ba (both under radiance_fp8, same format), dense-MLP gate_up_proj.
 Checked end to end on vLLM CPU at TP=2, greedy tokens identical to the stock fp8 path:
-tests/e2e/test_fp8_stream_tp2.py (bf16, per token) and test_fp8_stream_block_tp2.py (the tiny
-block-fp8 checkpoint, group 128).
+tests/e2e/test_tiny_tp2.py (the trained tiny Qwen3.5, bf16 checkpoint quantised per token, through the
+gateway) and test_fp8_stream_block_tp2.py (a tiny Qwen3-Next block-fp8 checkpoint, group 128); the
+declines at TP=1 and on an all-MoE model in tests/e2e/test_fp8_stream_tp2.py.
 
 Not done:
   * The sparse-MoE block: every published Qwen3-Next MLP is one; its router, experts and
