@@ -52,7 +52,7 @@ def _check_prompt_set(v: str) -> str:
 
 
 
-def _between_0_and_1(v: float | None, noun: str, fix: str, example: str) -> float | None:
+def _between_0_and_1(v: float | None, noun: str, fix: str, example: float) -> float | None:
     if v is not None and not 0.0 <= v <= 1.0:
         raise ValueError(f"{v} is not a {noun} — fix: {fix} between 0 and 1, e.g. {example}")
     return v
@@ -106,7 +106,7 @@ class AcceptanceConfig(_Section):
     @field_validator("min_acceptance_rate")
     @classmethod
     def _rate(cls, v: float | None) -> float | None:
-        return _between_0_and_1(v, "fraction", "a rate", "0.6")
+        return _between_0_and_1(v, "fraction", "a rate", 0.6)
 
     @field_validator("min_per_position")
     @classmethod
@@ -211,7 +211,7 @@ class TargetConfig(_Section):
     @field_validator("min_prefix_agreement", "min_full_agreement")
     @classmethod
     def _share(cls, v: float | None) -> float | None:
-        return _between_0_and_1(v, "share", "a fraction", "0.9")
+        return _between_0_and_1(v, "share", "a fraction", 0.9)
 
     @field_validator("held_text")
     @classmethod
