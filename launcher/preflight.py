@@ -236,10 +236,9 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
                     "(CPU) or use runtime docker")
         elif capabilities:
             # Both import vLLM in a process of their own (~15 s each on two cores): side by side.
-            pool = concurrent.futures.ThreadPoolExecutor(2)
-            caps_job = pool.submit(capabilities_local)
-            args_job = pool.submit(vllm_args_problems, profile.vllm_args) if profile.vllm_args else None
-            pool.shutdown(wait=False)
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                caps_job = pool.submit(capabilities_local)
+                args_job = pool.submit(vllm_args_problems, profile.vllm_args) if profile.vllm_args else None
             try:
                 caps = caps_job.result()
             except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:

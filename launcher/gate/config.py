@@ -51,11 +51,11 @@ def _check_prompt_set(v: str) -> str:
     return _check_shipped(v, "prompt set", ".jsonl", shipped_prompt_sets())
 
 
-
 def _between_0_and_1(v: float | None, noun: str, fix: str, example: float) -> float | None:
     if v is not None and not 0.0 <= v <= 1.0:
         raise ValueError(f"{v} is not a {noun} — fix: {fix} between 0 and 1, e.g. {example}")
     return v
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)

@@ -171,7 +171,7 @@ def test_down_mid_stream_drains_the_streams_in_flight_and_leaves_nothing(keyed):
                         break
                     in_flight = (await probe.get(keyed.base + "/radiance/status")).json()["in_flight"]
                     await asyncio.sleep(0.02)
-            down["all_started_s"] = time.monotonic() - t0
+            down["all_in_flight_s"] = time.monotonic() - t0
             down["gateway_in_flight"] = in_flight
             assert in_flight == STREAMS, ("the gateway never had every stream in flight", in_flight, results[:3])
 
@@ -220,7 +220,7 @@ def test_down_mid_stream_drains_the_streams_in_flight_and_leaves_nothing(keyed):
                   if not (r and r["status"] == 200 and r["done"] and r["usage"]
                           and r["usage"]["completion_tokens"] == MAX_TOKENS)]
     tokens = sum(r["usage"]["completion_tokens"] for r in results if r and r.get("usage"))
-    print(f"\n[load] {STREAMS} streams x {MAX_TOKENS} tokens: all in flight at the gateway after {down['all_started_s']:.1f} s; "
+    print(f"\n[load] {STREAMS} streams x {MAX_TOKENS} tokens: all in flight at the gateway after {down['all_in_flight_s']:.1f} s; "
           f"down sent at {down['sent_at']:.1f} s, draining at {down['draining_at']:.1f} s with "
           f"{down['in_flight_at_drain']} streams in flight, down took {down['s']:.1f} s; streams done at "
           f"{down['streams_done_s']:.1f} s ({tokens} tokens, {tokens / down['streams_done_s']:.0f} tok/s "
