@@ -47,7 +47,9 @@ def _with_vllm_args(profile, items: tuple[str, ...]):
 
     args = dict(profile.vllm_args)
     for key, raw in _pairs("--vllm-arg", items, "enforce-eager=true", "KEY=VALUE"):
-        args[key] = YAML(typ="safe").load(raw) if raw.strip() else None
+        value = YAML(typ="safe").load(raw) if raw.strip() else None
+        # A JSON object or list (hf-overrides, compilation-config) goes to vLLM as the text it was given.
+        args[key] = raw if isinstance(value, (dict, list)) else value
     from pydantic import ValidationError
 
     try:

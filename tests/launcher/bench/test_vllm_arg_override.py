@@ -16,6 +16,12 @@ def test_override_parses_yaml_scalars_and_keeps_the_rest():
     assert p.name == "qwen3.5-27b-dummy-tp1" and p.model.path == "builtin:qwen3.5-27b-shape"
 
 
+def test_a_json_value_goes_to_vllm_as_the_text_given():
+    raw = '{"num_hidden_layers": 4}'
+    p = bench._with_vllm_args(load(PROFILE), (f"hf-overrides={raw}", 'compilation-config=[1, 2]'))
+    assert p.vllm_args["hf-overrides"] == raw and p.vllm_args["compilation-config"] == "[1, 2]"
+
+
 def test_no_override_is_the_same_profile():
     p = load(PROFILE)
     assert bench._with_vllm_args(p, ()) is p
