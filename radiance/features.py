@@ -196,9 +196,11 @@ def _int4_head(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
     if facts.tied_head is None or facts.head_quantized is None:
         return None, "the head's tie and quantisation are read from config.json, which is not here"
     return True, ("untied, unquantised head: W4A16, group 128, quantised in row chunks at load; on a GPU "
-                  "only if not slower: both heads are timed at load at every step shape (B x (k+1) "
-                  "verification rows and the MTP drafter's B rows per slot, B up to max_num_seqs) and it "
-                  "declines where 4 bits lose (H200: wins to 64 rows, loses above)")
+                  "each head call takes 4 bits only where they are not slower: both heads are timed at load "
+                  "at every row count the steps make (B x (k+1) verification rows, the MTP drafter's B rows, "
+                  "B up to max_num_seqs); calls above the row count where 4 bits start to lose go to the bf16 "
+                  "head, kept loaded for them (+1/4 of its size); declined if 4 bits lose at every row count "
+                  "(H200, 27B head: 4 bits to ~80 rows, bf16 at B=32's 160 verification rows)")
 
 
 # model.quantization values whose linears take the epilogue's (q, scale), and the checkpoints each serves

@@ -70,8 +70,15 @@ def _metrics(llm) -> tuple[dict[str, float], list[dict]]:
                     status.append({k: sample.labels.get(k, "") for k in ("rank", "feature", "patch", "status",
                                                                           "reason")})
             elif sample.name.endswith("_total"):
-                counters[sample.name] = counters.get(sample.name, 0.0) + float(sample.value)
+                key = counter_key(sample.name, sample.labels)
+                counters[key] = counters.get(key, 0.0) + float(sample.value)
     return counters, status
+
+
+def counter_key(name: str, labels: dict[str, str]) -> str:
+    """A counter's name with its labels but the rank (summed over ranks): forwards run and skipped stay apart."""
+    kept = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "rank")
+    return f"{name}{{{kept}}}" if kept else name
 
 
 def _delta(after: dict, before: dict) -> dict:

@@ -19,9 +19,11 @@ The module keeps its name and class; only ``quant_method`` changes, and
 zero codes and scales. The MTP drafter aliases the target's head after it loads
 (``_maybe_share_lm_head``), so every draft step uses the 4-bit head too.
 
-On a GPU the 4-bit head must also earn its place: it is timed against the bf16 head at every decode step
-shape the deployment can produce (verification rows B x (k + 1), and the MTP drafter's B rows per slot)
-and declined if it is slower at any B (``radiance.lmhead_int4.speed``).
+On a GPU the 4-bit head must also earn its place: it is timed against the bf16 head at every row count
+the deployment's head calls have (verification rows B x (k + 1), and the MTP drafter's B rows per slot);
+calls above the row count where 4 bits start to lose go to the bf16 weight, which then stays loaded
+(recorded as ``partial``), and where they lose at every row count the feature declines
+(``radiance.lmhead_int4.speed``).
 
 Declined (stock head, one log line, and recorded as the feature's outcome in the report): a head
 tied to the input embedding (``tie_word_embeddings`` of the text config: it is also read by
@@ -56,7 +58,17 @@ _LOADER = "vllm.model_executor.model_loader.base_loader.BaseModelLoader.load_mod
 
 
 class Int4HeadMethod(convert.W4Method):
-    """lm_head method: logits through the 4-bit GEMM; the head is never an embedding."""
+    """lm_head method: logits through the 4-bit GEMM up to ``w4_max_rows`` rows per call, through the
+    loaded bf16 weight above (the speed rule's plan); the head is never an embedding."""
+
+    def __init__(self, inner, group_size: int, w4_max_rows: int | None = None) -> None:
+        super().__init__(inner, group_size)
+        self.w4_max_rows = w4_max_rows  # None: every call is 4-bit (the bf16 weight was freed)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.w4_max_rows is not None and x.numel() // x.shape[-1] > self.w4_max_rows:
+            return self._inner.apply(layer, x, bias)
+        return super().apply(layer, x, bias)
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("radiance int4-head: a 4-bit lm_head cannot be used as an embedding "
@@ -115,6 +127,8 @@ class Int4HeadPatch(Patch):
             if not self.latched_off and not DRAFT_SCOPE.active():
                 try:
                     if self._convert(method, layer):
+                        if getattr(layer.quant_method, "w4_max_rows", None) is not None:
+                            orig(method, layer)  # the kept bf16 weight in the runtime form its calls need
                         return None
                 except Exception as exc:  # fail closed: the head is untouched, stock runs
                     self.latch_off(f"converting the lm_head: {type(exc).__name__}: {exc}")
@@ -185,19 +199,25 @@ class Int4HeadPatch(Patch):
                 return f"head_dtype={head_dtype} makes LogitsProcessor bypass the head's apply()"
         return None
 
-    def _slower_than_bf16(self, method, layer, qweight, scales, act_dtype) -> str | None:
-        """The speed rule (radiance.lmhead_int4.speed): both heads timed at this deployment's step shapes."""
+    def _plan_for(self, method, layer, qweight, scales, act_dtype) -> speed.Plan | None:
+        """The speed rule's plan on a GPU; None on a CPU, where every call takes the reference path."""
+        return self._speed_plan(method, layer, qweight, scales, act_dtype) if layer.weight.is_cuda else None
+
+    def _speed_plan(self, method, layer, qweight, scales, act_dtype) -> speed.Plan:
+        """The speed rule (radiance.lmhead_int4.speed): both heads timed at this deployment's head calls."""
         from vllm.config import get_current_vllm_config
 
         shapes = speed.shapes_from_config(get_current_vllm_config())
         w = layer.weight
-        rows = speed.compare(lambda x: method.apply(layer, x),
-                             lambda x: w4k.gemm(x, qweight, scales, self.group_size),
-                             int(w.shape[1]), act_dtype, w.device, shapes)
-        self.speed_rows = rows
-        logger.info("radiance: int4-head: head cost per decode step, 4-bit / bf16 (k=%d%s): %s", shapes.k,
-                    ", the drafter shares it" if shapes.drafter_shares_head else "", speed.summary(rows))
-        return speed.verdict(rows, shapes)
+        cost = speed.time_rows(lambda x: method.apply(layer, x),
+                               lambda x: w4k.gemm(x, qweight, scales, self.group_size),
+                               int(w.shape[1]), act_dtype, w.device, speed.step_rows(shapes))
+        plan = speed.plan(cost)
+        self.speed_rows = speed.step_costs(cost, shapes, plan.w4_max_rows)
+        logger.info("radiance: int4-head: head cost per decode step, planned paths / bf16 (k=%d%s; 4-bit up to "
+                    "%d rows per call): %s", shapes.k, ", the drafter shares it" if shapes.drafter_shares_head
+                    else "", plan.w4_max_rows, speed.summary(self.speed_rows))
+        return plan
 
     def _convert(self, method, layer) -> bool:
         reason = self.decline_reason(method, layer)
@@ -215,20 +235,28 @@ class Int4HeadPatch(Patch):
             return False
         before = w.numel() * w.element_size()
         qweight, scales = convert.quantize_weight(w.data, self.group_size, act_dtype)
-        if w.is_cuda:
-            slower = self._slower_than_bf16(method, layer, qweight, scales, act_dtype)
-            if slower:
-                prefix = getattr(layer, "prefix", "") or "lm_head"
-                self.declined[prefix] = slower
-                logger.warning("radiance: int4-head declined for %s: %s", prefix, slower)
-                return False
-        convert.install_packed(layer, method, qweight, scales, self.group_size, method_cls=Int4HeadMethod)
+        prefix = getattr(layer, "prefix", "") or "lm_head"
+        plan = self._plan_for(method, layer, qweight, scales, act_dtype)
+        if plan is not None and plan.reason:
+            self.declined[prefix] = plan.reason
+            logger.warning("radiance: int4-head declined for %s: %s", prefix, plan.reason)
+            return False
+        keep = plan is not None and plan.keeps_bf16
+        convert.install_packed(layer, method, qweight, scales, self.group_size, method_cls=Int4HeadMethod,
+                               keep_weight=keep, w4_max_rows=plan.w4_max_rows if keep else None)
         after = qweight.numel() * 4 + scales.numel() * scales.element_size()
         shape = (int(scales.shape[1]), int(w.shape[1]))
-        self.converted.append((getattr(layer, "prefix", "lm_head"), shape))
+        self.converted.append((prefix, shape))
+        if keep:
+            rows, w4_us, bf_us = plan.lost_at
+            why = (f"4-bit for head calls of up to {plan.w4_max_rows} rows, the bf16 head above ({rows} rows: "
+                   f"{w4_us:.0f} vs {bf_us:.0f} µs per call); the bf16 head stays loaded (+{after / 2**30:.2f} GiB)")
+            logger.info("radiance: int4-head: %s [%d, %d] -> 4-bit g%d: %s", prefix, shape[0], shape[1],
+                        self.group_size, why)
+            report().record(Outcome(self.name, self.feature, "partial", why))
+            return True
         logger.info("radiance: int4-head: %s [%d, %d] -> 4-bit g%d, %.2f GiB -> %.2f GiB",
-                    getattr(layer, "prefix", "lm_head") or "lm_head", shape[0], shape[1], self.group_size,
-                    before / 2**30, after / 2**30)
+                    prefix, shape[0], shape[1], self.group_size, before / 2**30, after / 2**30)
         del w
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # so vLLM's KV-cache profiling sees the freed head

@@ -92,13 +92,15 @@ def kernel_self_check(device: torch.device, dtype: torch.dtype, group_size: int)
 
 
 def install_packed(layer: torch.nn.Module, method, qweight: torch.Tensor, scales: torch.Tensor,
-                   group_size: int, method_cls=W4Method) -> None:
-    """Swap a layer over to its packed weight (the only step that mutates the layer)."""
+                   group_size: int, method_cls=W4Method, keep_weight: bool = False, **method_kw) -> None:
+    """Swap a layer over to its packed weight (the only step that mutates the layer). ``keep_weight``:
+    the loaded weight stays too, for a method that still sends some calls to it."""
     old = layer.weight
     layer.register_buffer("w4_qweight", qweight, persistent=False)
     layer.register_buffer("w4_scales", scales, persistent=False)
-    layer.weight = torch.nn.Parameter(torch.empty(0, dtype=old.dtype, device=old.device), requires_grad=False)
-    layer.quant_method = method_cls(method, group_size)
+    if not keep_weight:
+        layer.weight = torch.nn.Parameter(torch.empty(0, dtype=old.dtype, device=old.device), requires_grad=False)
+    layer.quant_method = method_cls(method, group_size, **method_kw)
     layer._radiance_w4 = (scales.shape[1], qweight.shape[1] * layout.KBLOCK)
 
 

@@ -149,3 +149,30 @@ def test_tie_is_read_from_the_text_config(int4, monkeypatch, caplog):
     head, _ = _head()
     head.quant_method.process_weights_after_loading(head)
     assert not isinstance(head.quant_method, Int4HeadMethod) and "tied" in caplog.text
+
+
+def test_planned_split_sends_large_calls_to_the_kept_bf16_head_with_fake_gpu_timings(int4, monkeypatch):
+    """The speed rule times heads only on a GPU; its plan is faked here (4 bits up to 4 rows)."""
+    from radiance.lmhead_int4 import speed
+
+    monkeypatch.setattr(int4, "_plan_for", lambda *a: speed.Plan(4, True, lost_at=(8, 90.0, 60.0)))
+    head, w = _head()
+    head.quant_method.process_weights_after_loading(head)
+    assert isinstance(head.quant_method, Int4HeadMethod) and head.weight.numel() == w.numel()
+    small, large = torch.randn(3, HIDDEN).to(torch.bfloat16), torch.randn(6, HIDDEN).to(torch.bfloat16)
+    torch.testing.assert_close(head.quant_method.apply(head, small),
+                               wk.w4a16_gemm_reference(small, head.w4_qweight, head.w4_scales, 128))
+    assert torch.equal(head.quant_method.apply(head, large), torch.nn.functional.linear(large, head.weight))
+    row = patching.report().outcomes[int4.name]
+    assert row.status == "partial" and "up to 4 rows" in row.reason and "8 rows: 90 vs 60" in row.reason
+
+
+def test_a_plan_that_never_wins_leaves_the_head_stock_with_fake_gpu_timings(int4, monkeypatch):
+    from radiance.lmhead_int4 import speed
+
+    monkeypatch.setattr(int4, "_plan_for", lambda *a: speed.plan({5: (76.0, 23.0), 40: (80.0, 22.0)}))
+    head, w = _head()
+    method = head.quant_method
+    head.quant_method.process_weights_after_loading(head)
+    assert head.quant_method is method and not hasattr(head, "w4_qweight")
+    assert "already at 5 rows" in int4.declined["lm_head"]

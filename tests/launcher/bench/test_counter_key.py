@@ -1,0 +1,10 @@
+"""`radiance bench`'s counters keep a labelled family's members apart (MTP forwards run vs skipped)."""
+from launcher.bench.worker import counter_key
+
+
+def test_labels_but_the_rank_are_kept_in_the_key():
+    run = counter_key("radiance:draft_mtp_forwards_total", {"state": "run", "rank": "0"})
+    skipped = counter_key("radiance:draft_mtp_forwards_total", {"state": "skipped", "rank": "1"})
+    assert run == "radiance:draft_mtp_forwards_total{state=run}" and run != skipped
+    assert counter_key("radiance:draft_mtp_forwards_total", {"state": "run", "rank": "1"}) == run
+    assert counter_key("radiance:draft_steps_total", {}) == "radiance:draft_steps_total"
