@@ -75,9 +75,13 @@ def _metrics(llm) -> tuple[dict[str, float], list[dict]]:
     return counters, status
 
 
+# vLLM's own labels on every counter (its model name, the engine index) and the TP rank are summed over.
+SUMMED_LABELS = frozenset({"rank", "model_name", "engine"})
+
+
 def counter_key(name: str, labels: dict[str, str]) -> str:
-    """A counter's name with its labels but the rank (summed over ranks): forwards run and skipped stay apart."""
-    kept = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "rank")
+    """A counter's name with radiance's own labels: forwards run and skipped stay apart."""
+    kept = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in SUMMED_LABELS)
     return f"{name}{{{kept}}}" if kept else name
 
 

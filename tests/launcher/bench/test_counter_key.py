@@ -1,4 +1,5 @@
-"""`radiance bench`'s counters keep a labelled family's members apart (MTP forwards run vs skipped)."""
+"""`radiance bench`'s counters keep a labelled family's members apart (MTP forwards run vs skipped) and sum
+over vLLM's labels and the rank."""
 from launcher.bench.worker import counter_key
 
 
@@ -7,4 +8,5 @@ def test_labels_but_the_rank_are_kept_in_the_key():
     skipped = counter_key("radiance:draft_mtp_forwards_total", {"state": "skipped", "rank": "1"})
     assert run == "radiance:draft_mtp_forwards_total{state=run}" and run != skipped
     assert counter_key("radiance:draft_mtp_forwards_total", {"state": "run", "rank": "1"}) == run
-    assert counter_key("radiance:draft_steps_total", {}) == "radiance:draft_steps_total"
+    assert counter_key("radiance:draft_steps_total", {"model_name": "tiny", "engine": "0"}) == \
+        "radiance:draft_steps_total"
