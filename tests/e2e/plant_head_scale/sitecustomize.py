@@ -27,11 +27,11 @@ if _FACTOR is not None:
             return
         real = convert.install_packed
 
-        def install_packed(layer, method, qweight, scales, group_size, method_cls=convert.W4Method):
+        def install_packed(layer, method, qweight, scales, group_size, method_cls=convert.W4Method, **kw):
             if method_cls is head_patch.Int4HeadMethod:  # the target's head only, never a drafter linear
                 scales = scales.clone()
                 scales[0] *= float(_FACTOR)
-            return real(layer, method, qweight, scales, group_size, method_cls=method_cls)
+            return real(layer, method, qweight, scales, group_size, method_cls=method_cls, **kw)
 
         convert.install_packed = install_packed
 
