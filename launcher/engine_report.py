@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 STATUS_METRIC = "radiance:patch_status"
-_ENGINE_LABELS = ("model_name", "engine")
+# Summed over in a counter's key: vLLM's labels on every counter (its model name, the engine index) and a
+# TP rank, were a counter to carry one (counters count for the deployment).
+SUMMED_LABELS = frozenset({"model_name", "engine", "rank"})
 
 
 @dataclass
@@ -31,10 +33,11 @@ class EngineReport:
         return bool(self.ranks)
 
 
-def _counter_key(name: str, labels: dict[str, str]) -> str:
-    base = name.removeprefix("radiance:").removesuffix("_total")
-    extra = {k: v for k, v in labels.items() if k not in _ENGINE_LABELS}
-    return base + ("{" + ",".join(f"{k}={v}" for k, v in sorted(extra.items())) + "}" if extra else "")
+def counter_key(name: str, labels: dict[str, str]) -> str:
+    """``name`` with radiance's own labels folded in (``draft_tokens{source=ngram}``): the members of a
+    labelled family (MTP forwards run and skipped) stay apart."""
+    extra = {k: v for k, v in labels.items() if k not in SUMMED_LABELS}
+    return name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(extra.items())) + "}" if extra else "")
 
 
 def merge_ranks(ranks: dict[str, list[dict]]) -> list[dict]:
@@ -104,7 +107,7 @@ def parse(text: str) -> EngineReport:
                     {"feature": lab.get("feature", ""), "patch": lab.get("patch", ""),
                      "status": lab.get("status", ""), "reason": lab.get("reason", "")})
             elif sample.name.endswith("_total"):
-                key = _counter_key(sample.name, sample.labels)
+                key = counter_key(sample.name.removeprefix("radiance:").removesuffix("_total"), sample.labels)
                 rep.counters[key] = rep.counters.get(key, 0) + sample.value
     rep.patches = with_step_counts(merge_ranks(rep.ranks), rep.counters)
     return rep

@@ -19,6 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
+from ..engine_report import counter_key
 from . import lossless
 
 SPEC = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -73,16 +74,6 @@ def _metrics(llm) -> tuple[dict[str, float], list[dict]]:
                 key = counter_key(sample.name, sample.labels)
                 counters[key] = counters.get(key, 0.0) + float(sample.value)
     return counters, status
-
-
-# vLLM's own labels on every counter (its model name, the engine index) and the TP rank are summed over.
-SUMMED_LABELS = frozenset({"rank", "model_name", "engine"})
-
-
-def counter_key(name: str, labels: dict[str, str]) -> str:
-    """A counter's name with radiance's own labels: forwards run and skipped stay apart."""
-    kept = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in SUMMED_LABELS)
-    return f"{name}{{{kept}}}" if kept else name
 
 
 def _delta(after: dict, before: dict) -> dict:

@@ -200,15 +200,14 @@ class Int4HeadPatch(Patch):
         return None
 
     def _plan_for(self, method, layer, qweight, scales, act_dtype) -> speed.Plan | None:
-        """The speed rule's plan on a GPU; None on a CPU, where every call takes the reference path."""
-        return self._speed_plan(method, layer, qweight, scales, act_dtype) if layer.weight.is_cuda else None
-
-    def _speed_plan(self, method, layer, qweight, scales, act_dtype) -> speed.Plan:
-        """The speed rule (radiance.lmhead_int4.speed): both heads timed at this deployment's head calls."""
+        """The speed rule (radiance.lmhead_int4.speed): both heads timed at this deployment's head calls, on a
+        GPU; None on a CPU, where every call takes the reference path."""
+        w = layer.weight
+        if not w.is_cuda:
+            return None
         from vllm.config import get_current_vllm_config
 
         shapes = speed.shapes_from_config(get_current_vllm_config())
-        w = layer.weight
         cost = speed.time_rows(lambda x: method.apply(layer, x),
                                lambda x: w4k.gemm(x, qweight, scales, self.group_size),
                                int(w.shape[1]), act_dtype, w.device, speed.step_rows(shapes))

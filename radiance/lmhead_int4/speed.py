@@ -92,9 +92,13 @@ def step_rows(shapes: Shapes) -> list[int]:
 @dataclass(frozen=True)
 class Plan:
     w4_max_rows: int           # head calls of at most this many rows take the 4-bit path; 0: none
-    keeps_bf16: bool           # some row count goes to the bf16 weight, which stays loaded
     reason: str | None = None  # why the feature declines (w4_max_rows == 0)
     lost_at: tuple[int, float, float] | None = None  # (rows, 4-bit µs, bf16 µs): the first row count 4 bits lose
+
+    @property
+    def keeps_bf16(self) -> bool:
+        """Some row count goes to the bf16 weight, which then stays loaded."""
+        return self.w4_max_rows > 0 and self.lost_at is not None
 
 
 def plan(cost: dict[int, tuple[float, float]]) -> Plan:
@@ -102,14 +106,14 @@ def plan(cost: dict[int, tuple[float, float]]) -> Plan:
     rows = sorted(cost)
     lost = next((m for m in rows if cost[m][0] > MARGIN * cost[m][1]), None)
     if lost is None:
-        return Plan(w4_max_rows=rows[-1] if rows else 0, keeps_bf16=False)
+        return Plan(w4_max_rows=rows[-1] if rows else 0)
     w4, bf = cost[lost]
     if lost == rows[0]:
-        return Plan(0, False, reason=(f"the 4-bit head is slower than the bf16 head on this GPU already at {lost} "
+        return Plan(0, reason=(f"the 4-bit head is slower than the bf16 head on this GPU already at {lost} "
                                       f"rows ({w4:.0f} vs {bf:.0f} µs per call), the smallest head call this "
                                       "deployment makes"), lost_at=(lost, w4, bf))
     below = max(m for m in rows if m < lost)
-    return Plan(w4_max_rows=below, keeps_bf16=True, lost_at=(lost, w4, bf))
+    return Plan(w4_max_rows=below, lost_at=(lost, w4, bf))
 
 
 def step_costs(cost: dict[int, tuple[float, float]], shapes: Shapes, w4_max_rows: int

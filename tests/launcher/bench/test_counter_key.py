@@ -1,6 +1,6 @@
-"""`radiance bench`'s counters keep a labelled family's members apart (MTP forwards run vs skipped) and sum
-over vLLM's labels and the rank."""
-from launcher.bench.worker import counter_key
+"""The counter keys of `radiance bench` and the status reader (launcher.engine_report): a labelled family's
+members stay apart (MTP forwards run vs skipped), vLLM's labels and the rank are summed over."""
+from launcher.engine_report import counter_key
 
 
 def test_labels_but_the_rank_are_kept_in_the_key():

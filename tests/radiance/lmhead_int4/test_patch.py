@@ -155,7 +155,7 @@ def test_planned_split_sends_large_calls_to_the_kept_bf16_head_with_fake_gpu_tim
     """The speed rule times heads only on a GPU; its plan is faked here (4 bits up to 4 rows)."""
     from radiance.lmhead_int4 import speed
 
-    monkeypatch.setattr(int4, "_plan_for", lambda *a: speed.Plan(4, True, lost_at=(8, 90.0, 60.0)))
+    monkeypatch.setattr(int4, "_plan_for", lambda *a: speed.Plan(4, lost_at=(8, 90.0, 60.0)))
     head, w = _head()
     head.quant_method.process_weights_after_loading(head)
     assert isinstance(head.quant_method, Int4HeadMethod) and head.weight.numel() == w.numel()

@@ -21,7 +21,7 @@ def test_plan_takes_4_bits_up_to_where_they_start_to_lose():
     # the 27B head's shape of costs on the H200: 4 bits win to 80 rows, lose at 160
     cost = {1: (200.0, 595.0), 8: (208.0, 604.0), 40: (471.0, 620.0), 80: (781.0, 830.0), 160: (1692.0, 653.0)}
     p = speed.plan(cost)
-    assert p == speed.Plan(w4_max_rows=80, keeps_bf16=True, lost_at=(160, 1692.0, 653.0))
+    assert p == speed.Plan(w4_max_rows=80, lost_at=(160, 1692.0, 653.0)) and p.keeps_bf16
     shapes = speed.Shapes(max_seqs=32, k=4, drafter_shares_head=False, max_rows=2048)
     steps = dict((b, (w4, bf)) for b, w4, bf in speed.step_costs({**cost, 5: (201.0, 596.0), 2: (200.0, 595.0),
                                                                    4: (200.0, 595.0), 10: (210.0, 605.0),
@@ -33,9 +33,10 @@ def test_plan_takes_4_bits_up_to_where_they_start_to_lose():
 
 
 def test_plan_frees_bf16_where_4_bits_always_win_and_declines_where_they_never_do():
-    assert speed.plan({1: (50.0, 60.0), 40: (55.0, 70.0)}) == speed.Plan(40, False)
+    free = speed.plan({1: (50.0, 60.0), 40: (55.0, 70.0)})
+    assert free == speed.Plan(40) and not free.keeps_bf16
     tiny = speed.plan({5: (76.0, 23.0), 160: (81.0, 21.0)})
-    assert tiny.w4_max_rows == 0 and "already at 5 rows (76 vs 23 µs" in tiny.reason
+    assert tiny.w4_max_rows == 0 and "already at 5 rows (76 vs 23 µs" in tiny.reason and not tiny.keeps_bf16
 
 
 def test_shapes_from_a_vllm_config():
