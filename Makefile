@@ -5,6 +5,10 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PROFILE ?= profiles/tiny-cpu.yaml
 PYTEST_ARGS ?=
+# `make test` runs two pytest workers side by side (pytest-xdist): the suite is mostly waiting on engine
+# starts, one module (or one shared fixture's modules, tests/conftest.py) per worker at a time.
+# PYTEST_PAR= runs it in one process.
+PYTEST_PAR ?= -n 2 --dist loadgroup
 
 .PHONY: install install-docker demo test test-unit test-e2e test-docker image compose-cpu aot clean
 
@@ -24,7 +28,7 @@ demo: install
 	$(PYTHON) tools/demo.py $(PROFILE)
 
 test: install install-docker
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(PYTHON) -m pytest $(PYTEST_PAR) $(PYTEST_ARGS)
 
 test-unit: install
 	$(PYTHON) -m pytest -m "not e2e and not docker" $(PYTEST_ARGS)
