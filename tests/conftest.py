@@ -34,7 +34,12 @@ _SHARED_GROUPS = {"tests/docker/": "docker", "tests/e2e/test_spine.py": "tiny", 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under ``--dist loadgroup`` every module is one group (its module-scoped servers start once, in
-    one worker); modules sharing a session fixture share a group. Runs before xdist reads the marks."""
+    one worker); modules sharing a session fixture share a group. Runs before xdist reads the marks.
+    The engine-starting tests (e2e, docker) go first: a worker takes groups in this order (`make test`
+    passes --no-loadscope-reorder, or xdist would put the groups with most tests first, and the few-test
+    modules that start servers would run last, one worker idle)."""
+    slow = {"e2e", "docker"}
+    items.sort(key=lambda it: not any(it.get_closest_marker(m) for m in slow))  # stable: order kept within
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
