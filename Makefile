@@ -5,10 +5,10 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PROFILE ?= profiles/tiny-cpu.yaml
 PYTEST_ARGS ?=
-# One process by default. PYTEST_PAR="-n 2 --dist loadgroup --no-loadscope-reorder" runs two pytest
-# workers (pytest-xdist; groups in tests/conftest.py): on this 2-core machine it was not faster, the
-# engines and the unit tests contend for the same cores (README, Development).
-PYTEST_PAR ?=
+# `make test` runs two pytest workers side by side (pytest-xdist): the suite is mostly waiting on engine
+# starts, one module (or one shared fixture's modules, tests/conftest.py) per worker at a time, the
+# engine-starting ones first. PYTEST_PAR= runs it in one process.
+PYTEST_PAR ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: install install-docker demo test test-unit test-e2e test-docker image compose-cpu aot clean
 
