@@ -5,9 +5,9 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 PROFILE ?= profiles/tiny-cpu.yaml
 PYTEST_ARGS ?=
-# `make test` runs two pytest workers side by side (pytest-xdist): the suite is mostly waiting on engine
-# starts, one module (or one shared fixture's modules, tests/conftest.py) per worker at a time, the
-# engine-starting ones first. PYTEST_PAR= runs it in one process.
+# `make test` runs two pytest workers side by side (pytest-xdist): in one process the two cores sat half
+# idle. One module (or the modules sharing a session service, tests/conftest.py) per worker at a time,
+# the engine-starting ones first. PYTEST_PAR= runs it in one process.
 PYTEST_PAR ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: install install-docker demo test test-unit test-e2e test-docker image compose-cpu aot clean

@@ -26,26 +26,31 @@ def _have_gpu() -> bool:
     return _GPU[0]
 
 
-# Tests that share a session fixture run in one xdist worker, so it is brought up once: the Docker
-# engine and CPU image (everything under tests/docker), the shared tiny deployment (`tiny`).
-_SHARED_GROUPS = {"tests/docker/": "docker", "tests/e2e/test_spine.py": "tiny", "tests/e2e/test_gate_e2e.py": "tiny"}
+# The session fixtures that bring up something costly, and the xdist group of every module that uses
+# one (directly or through another fixture): the module runs in that group's worker, so it comes up once.
+_SESSION_SERVICES = {"tiny": "tiny", "docker_client": "docker", "wheelhouse": "docker", "cpu_image": "docker"}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under ``--dist loadgroup`` every module is one group (its module-scoped servers start once, in
-    one worker); modules sharing a session fixture share a group. Runs before xdist reads the marks.
-    The engine-starting tests (e2e, docker) go first: a worker takes groups in this order (`make test`
-    passes --no-loadscope-reorder, or xdist would put the groups with most tests first, and the few-test
-    modules that start servers would run last, one worker idle)."""
+    one worker); modules using one of ``_SESSION_SERVICES`` share that service's group. Runs before
+    xdist reads the marks. The engine-starting tests (e2e, docker) go first: a worker takes groups in
+    this order (`make test` passes --no-loadscope-reorder, or xdist would put the groups with most
+    tests first, and the few-test modules that start servers would run last, one worker idle)."""
     slow = {"e2e", "docker"}
     items.sort(key=lambda it: not any(it.get_closest_marker(m) for m in slow))  # stable: order kept within
+    groups: dict[str, str] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        path = item.nodeid.split("::", 1)[0]
-        group = next((g for prefix, g in _SHARED_GROUPS.items() if path.startswith(prefix)), path)
-        item.add_marker(pytest.mark.xdist_group(group))
+        module = item.nodeid.split("::", 1)[0]
+        service = next((g for f, g in _SESSION_SERVICES.items() if f in item.fixturenames), None)
+        if service is not None:
+            groups[module] = service
+        else:
+            groups.setdefault(module, module)
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid.split("::", 1)[0]]))
 
 
 def _dispatch_exclusions() -> set[str]:
@@ -62,9 +67,9 @@ _BASE_EXCLUSIONS: list[set[str]] = []
 @pytest.fixture(autouse=True)
 def _clean_dispatch_state(request):
     """Every test starts with the main thread's dispatch keys as the session found them. A torch guard
-    that outlives its test (a suspended no_dispatch() collected later) leaves the Python key excluded,
-    and every fake-tensor test after it fails ("you set no_dispatch()"): one CI run lost 27 tests so,
-    none of them at fault. Reset it, and say so in the summary."""
+    that outlives its test leaves the Python key excluded, and every fake-tensor test after it fails
+    ("you set no_dispatch()"): one CI run lost 27 tests so, none of them at fault; which test leaked the
+    guard was not found. Reset it, and name the test that found it in the summary."""
     if "torch" in sys.modules:
         import torch
 

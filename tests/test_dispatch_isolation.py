@@ -12,7 +12,7 @@ _LEAKED: list = []
 def test_a_guard_left_entered_excludes_the_python_key():
     guard = torch._C._DisableTorchDispatch()
     guard.__enter__()
-    _LEAKED.append(guard)  # held, never exited: what a suspended no_dispatch() collected later does
+    _LEAKED.append(guard)  # held, never exited: a guard that outlives its test
     assert torch._C._dispatch_tls_local_exclude_set().has(torch._C.DispatchKey.Python)
 
 
