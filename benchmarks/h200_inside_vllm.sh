@@ -19,7 +19,7 @@ export PYTHONPATH=$PWD:/tmp/site:/tmp/proj VLLM_USE_FLASHINFER_SAMPLER=0 RADIANC
 # (~110 s of a cold start on this machine), which is most of what one call can spend.
 export TRITON_CACHE_AUTOTUNING=1
 bench() { timeout "${LIMIT:-$((565 - SECONDS))}" python3 -m launcher bench --commit "$commit" "$@"; echo "bench rc=$?"; }
-logs() { grep -h -E "radiance|Error|error:|Traceback|AOT|compil|declin|latched|took|takes|Capturing|captur|autotun|profil|KV cache|Loading|backend" \
+logs() { grep -h -E "radiance|Error|error:|Traceback|AOT|compil|declin|latched|took|takes|Capturing|captur|autotun|profil|KV cache|Loading|backend|[Aa]sync|schedul" \
            /tmp/rh/reports/*"$1"*-logs/*.log 2>/dev/null | grep -v -E "DeprecationWarning|warnings.warn|replaced vllm" \
            | cut -c1-400 | tail -n 600 > "$OUT/$1.log"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

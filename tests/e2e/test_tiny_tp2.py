@@ -4,10 +4,13 @@ served once and asked the same greedy questions through the gateway, alone and 8
 
 * all four on: ready, the gate passed with the profile's calibrated thresholds, `radiance status --json`
   lists the four features applied, and the fp8-stream install line counts the fused sites;
-* dynamic-draft + w4-drafter are draft-side: turning both off must not change one token;
-* int4-head and fp8-stream are target-side: their agreement with stock is measured and printed
-  (fp8-stream against the same radiance_fp8 linears without the contract is expected to be exact: the
-  epilogue and the stock path quantise with the same arithmetic; int4-head is gated, not asserted).
+* dynamic-draft + w4-drafter are draft-side: turning both off must not change one token ("all" against
+  "target_only");
+* fp8-stream against the same radiance_fp8 linears without the contract must not change one token either
+  ("target_only" against "int4_only": the epilogue and the stock path quantise with the same arithmetic).
+Three servers prove the two pairs by sharing "target_only". How far int4-head moves the greedy path is a
+measurement, not an assertion: the gate's target check decides it, and `tools/target_calibration.py`
+measures it per feature set (benchmarks/results/target_check_tiny_2026-12-02.json).
 The comparison servers skip the gate (`--skip-gate`): what they are for is their tokens. Every server
 runs dynamic-draft's look-ahead (RADIANCE_DRAFT_LOOKAHEAD=1; off by default on CPU), so "all" equal
 to "target_only" is also look-ahead equal to stock MTP.
@@ -50,12 +53,10 @@ PROMPTS = {
               "The quick brown fox jumps over the lazy dog. The quick brown fox"],
 }
 FLAT = [p for kind in PROMPTS.values() for p in kind]
-OFF = {"dynamic_draft": False, "w4_drafter": False, "int4_head": False, "fp8_stream": False}
 VARIANTS = {  # name -> features turned off (the rest as the profile ships them)
     "all": {},
     "target_only": {"dynamic_draft": False, "w4_drafter": False},
-    "fp8_only": {"dynamic_draft": False, "w4_drafter": False, "int4_head": False},
-    "stock": OFF,
+    "int4_only": {"dynamic_draft": False, "w4_drafter": False, "fp8_stream": False},
 }
 FAULT_ENV = {"E2E_FAULT_RANK": "1", "E2E_FAULT_AFTER": "40",
              # 7 epilogues a forward: past the load's dummy runs, inside the first prompts
@@ -162,24 +163,9 @@ def test_draft_side_features_are_lossless(served):
 
 def test_fp8_stream_equals_the_stock_fp8_path(served):
     for mode in ("alone", "batch"):
-        agree, first = _prefix_agreement(served["fp8_only"][mode], served["stock"][mode])
-        print(f"\n[tiny tp2] fp8-stream vs radiance_fp8 without the contract ({mode}): prefix agreement "
-              f"{agree:.1%}, first differing token per prompt {first}")
-        assert agree == 1.0
-
-
-def test_report_int4_head_agreement(served, capsys):
-    """Target-side and gated: the numbers are reported, the gate decides."""
-    with capsys.disabled():
-        for mode in ("alone", "batch"):
-            agree, first = _prefix_agreement(served["target_only"][mode], served["fp8_only"][mode])
-            print(f"[tiny tp2] int4-head vs bf16 head ({mode}): prefix agreement {agree:.1%}, first differing "
-                  f"token per prompt {first}")
-            agree, first = _prefix_agreement(served["all"][mode], served["stock"][mode])
-            print(f"[tiny tp2] all four vs all off ({mode}): prefix agreement {agree:.1%}, first differing "
-                  f"token per prompt {first}")
-    acc = next(c for c in served["all"]["status"]["gate"]["checks"] if c["name"] == "acceptance")
-    print(f"[tiny tp2] gate acceptance with all four on: {acc['reason']}")
+        agree, first = _prefix_agreement(served["target_only"][mode], served["int4_only"][mode])
+        assert agree == 1.0, f"{mode}: fp8-stream changed the greedy path (first differing token per " \
+                             f"prompt: {first})"
 
 
 def test_a_fault_on_one_rank_turns_dynamic_draft_off_on_every_rank_together(served):
