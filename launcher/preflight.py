@@ -158,10 +158,26 @@ def aot_results(arch: str, timeout: float = 600.0) -> tuple[list[dict] | None, s
         return None, f"not checked: the AOT compile failed ({type(exc).__name__})"
 
 
+def async_scheduling(profile: Profile, platform: str | None) -> bool | None:
+    """Whether vLLM 0.32 will schedule a step ahead: off on its CPU platform and where vllm_args turn it off;
+    on by default on a GPU with an MTP / EAGLE / draft-model drafter (its config's rule); None when the
+    platform is not known."""
+    wanted = profile.vllm_args.get("async-scheduling")
+    if profile.vllm_args.get("no-async-scheduling") is True:
+        wanted = False
+    if wanted is not None or platform == "cpu":
+        return bool(wanted)
+    if platform not in ("rocm", "cuda"):
+        return None
+    return profile.drafter.type != "ngram"  # vLLM's CPU n-gram proposer turns it off
+
+
 def explain_features(profile: Profile, facts: feature_table.ModelFacts, archs: list[str],
-                     aot: dict[str, tuple[list[dict] | None, str]], caps: dict | None) -> list[FeatureVerdict]:
+                     aot: dict[str, tuple[list[dict] | None, str]], caps: dict | None,
+                     platform: str | None = None) -> list[FeatureVerdict]:
     setup = feature_table.Setup(tp=profile.parallel.tp, pp=profile.parallel.pp, drafter=profile.drafter.type,
-                                quantization=profile.model.quantization, fp8_lm_head=profile.model.fp8_lm_head)
+                                quantization=profile.model.quantization, fp8_lm_head=profile.model.fp8_lm_head,
+                                async_scheduling=async_scheduling(profile, platform))
     out = []
     for feat in feature_table.FEATURES:
         requested = getattr(profile.features, feat.name).enabled
@@ -273,7 +289,7 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
     compile_kernels = capabilities if kernels is None else kernels
     aot = {a: aot_results(a) for a in archs} if compile_kernels else \
         {a: (None, "not checked (radiance check compiles them)") for a in archs}
-    rep.features = explain_features(profile, facts, archs, aot, caps)
+    rep.features = explain_features(profile, facts, archs, aot, caps, platform)
     for v in rep.features:
         where = "; ".join(f"{a} {k}" for a, k in v.kernels.items())
         if v.requested:

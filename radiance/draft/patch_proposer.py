@@ -35,6 +35,7 @@ Fail closed:
 from __future__ import annotations
 
 from .. import envs
+from ..features import ASYNC_SCHEDULING_REASON
 from ..patching import Patch, resolve
 from .controller import DraftPolicy
 from .lookahead import LookAhead, _HostRing
@@ -123,6 +124,8 @@ class DynamicDraftPatch(StepControl, SlotCapture, TpExchange, LookAhead, Patch):
             why = f"the drafter is {method}, not MTP: it drafts as stock"
         elif isinstance(k, int) and k < 2:
             why = f"num_speculative_tokens is {k}: no draft depth to control, stock MTP"
+        elif getattr(runner, "use_async_scheduling", False):
+            why = ASYNC_SCHEDULING_REASON
         else:
             return None
         self.declined_at_load = True  # every step declines alike: the steps add nothing to say

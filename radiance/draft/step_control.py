@@ -137,6 +137,8 @@ class StepControl:
             return _PROBABILISTIC
         if k < 2:
             return "fewer than two draft slots are scheduled"
+        if getattr(runner, "use_async_scheduling", True):
+            return "vLLM schedules asynchronously"  # said in full at load (after_load)
         return None
 
     def _decline_step(self, reason: str) -> None:

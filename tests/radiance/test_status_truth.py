@@ -32,6 +32,10 @@ def test_dynamic_draft_declines_at_load_for_a_drafter_it_does_not_control():
     assert "the drafter is ngram, not MTP" in DynamicDraftPatch().after_load(_runner(_spec("ngram")))
     assert "num_speculative_tokens is 1" in DynamicDraftPatch().after_load(_runner(_spec("mtp", 1)))
     assert DynamicDraftPatch().after_load(_runner(_spec("mtp", 4))) is None
+    # vLLM's async scheduling (a GPU's default; its CPU platform turns it off, so faked here)
+    runner = _runner(_spec("mtp", 4))
+    runner.use_async_scheduling = True
+    assert "schedules asynchronously" in DynamicDraftPatch().after_load(runner)
 
 
 def test_dynamic_draft_per_step_declines_are_declined_then_partial():

@@ -191,11 +191,14 @@ def test_step_gate_declines_what_it_does_not_handle():
     drafter.use_local_argmax_reduction = False
     drafter._enable_probabilistic_draft_probs = True
     runner = types.SimpleNamespace(speculative_config=types.SimpleNamespace(method="mtp"),
-                                   drafter=drafter)
+                                   drafter=drafter, use_async_scheduling=False)
     greedy = types.SimpleNamespace(all_greedy=True)
     mixed = types.SimpleNamespace(all_greedy=False)
     gate = pp.DynamicDraftPatch._step_or_reason
     assert gate(runner, greedy, 8) is None
+    runner.use_async_scheduling = True  # a GPU's default with MTP (vLLM's CPU platform turns it off)
+    assert "asynchronously" in gate(runner, greedy, 8)
+    runner.use_async_scheduling = False
     assert "probabilistic" in gate(runner, mixed, 8)
     assert "two" in gate(runner, greedy, 1)
     drafter.use_local_argmax_reduction = True
