@@ -160,7 +160,7 @@ def aot_results(arch: str, timeout: float = 600.0) -> tuple[list[dict] | None, s
 
 def async_scheduling(profile: Profile, platform: str | None) -> bool | None:
     """Whether vLLM 0.32 will schedule a step ahead: off on its CPU platform and where vllm_args turn it off;
-    on by default on a GPU with an MTP / EAGLE / draft-model drafter (its config's rule); None when the
+    on by default on a GPU unless the drafter is its n-gram proposer (its config's rule); None when the
     platform is not known."""
     wanted = profile.vllm_args.get("async-scheduling")
     if profile.vllm_args.get("no-async-scheduling") is True:

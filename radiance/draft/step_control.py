@@ -193,7 +193,12 @@ class StepControl:
         # bookkeeping (padded drafter batch, the default); a list after it.
         sampled = sampled_token_ids[:b] if torch.is_tensor(sampled_token_ids) else None
         if sampled is not None:
-            setattr(runner, CREDIT_ATTR, (req_ids, self._ring.copy(_HostRing.CREDIT, sampled.to(torch.int32))))
+            # Copied (and waited for after the step) only when a controlled step's drafts are owed their
+            # acceptance: a stream of stock steps (declined ones: async scheduling) must not wait on the
+            # device each step.
+            if self._credit_owed(runner):
+                setattr(runner, CREDIT_ATTR,
+                        (req_ids, self._ring.copy(_HostRing.CREDIT, sampled.to(torch.int32))))
         else:
             self._credit_acceptance(runner, req_ids, [list(t) for t in sampled_token_ids[:b]])
         if not b:
@@ -254,12 +259,15 @@ class StepControl:
         req_ids, copy = pending
         self._credit_acceptance(runner, req_ids, [[int(t) for t in row if t >= 0] for row in _host_wait(copy)])
 
+    def _credit_owed(self, runner) -> bool:
+        state = getattr(runner, STATE_ATTR, None)
+        return state is not None and self.counters is not None and bool(state.last)
+
     def _credit_acceptance(self, runner, req_ids, valid) -> None:
         """The previous step's drafts met the target: count accepted tokens (all, n-gram)."""
-        state = getattr(runner, STATE_ATTR, None)
-        if state is None or self.counters is None or not state.last:
+        if not self._credit_owed(runner):
             return
-        last = state.last
+        last = getattr(runner, STATE_ATTR).last
         total = ngram = 0
         for rid, toks in zip(req_ids, valid):
             prev = last.get(rid)

@@ -210,6 +210,36 @@ def test_step_gate_declines_what_it_does_not_handle():
     assert gate(runner, greedy, 8) is not None
 
 
+def test_declined_steps_copy_nothing_back_unless_a_controlled_step_is_owed_its_acceptance(patch):
+    """Under async scheduling every step declines: none may leave a device->host copy that the step's end
+    then waits for (the host would stall every step, which is what declining avoids). After a controlled
+    step, the next step's sampled tokens are copied once to credit its drafts."""
+    from radiance.draft.step_control import CREDIT_ATTR, STATE_ATTR
+    from radiance.draft.telemetry import DraftCounters
+
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    drafter = EagleProposer.__new__(EagleProposer)  # plain MTP: only async scheduling declines the step
+    drafter.parallel_drafting = drafter.use_heterogeneous_vocab = drafter.use_local_argmax_reduction = False
+    drafter._enable_probabilistic_draft_probs = True
+    patch.counters = DraftCounters()
+    runner = types.SimpleNamespace(drafter=drafter, use_async_scheduling=True,
+                                   speculative_config=types.SimpleNamespace(method="mtp"),
+                                   input_batch=types.SimpleNamespace(req_ids=["a", "b"]))
+    step = types.SimpleNamespace(num_spec_tokens_to_schedule=4)
+    sampled = torch.tensor([[5, -1], [6, 7]])
+    greedy = types.SimpleNamespace(all_greedy=True)
+    patch._prepare(runner, step, sampled, greedy)
+    assert patch.steps_declined == {"vLLM schedules asynchronously": 1}
+    assert getattr(runner, CREDIT_ATTR, None) is None
+    setattr(runner, STATE_ATTR, types.SimpleNamespace(last={"a": (2, 2), "b": (2, 2)}))  # drafts owed
+    patch._prepare(runner, step, sampled, greedy)
+    req_ids, _ = getattr(runner, CREDIT_ATTR)
+    assert req_ids == ["a", "b"]
+    patch._settle_credit(runner)
+    assert getattr(runner, STATE_ATTR).last == {}  # credited once: 0 for "a", 1 for "b"
+
+
 # --- one truth across ranks (TP > 1) ------------------------------------------------------------
 
 def _as_rank(monkeypatch, rank: int, world: int = 2):
