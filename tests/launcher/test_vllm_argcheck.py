@@ -34,3 +34,35 @@ def test_check_exits_2_with_the_file_and_line_of_a_refused_flag(tmp_path, monkey
     res = CliRunner().invoke(cli, ["check", str(bad), "--json"], catch_exceptions=False)
     assert res.exit_code == 2, res.output
     assert f"error: {bad}:{line}: vllm_args.enforce-eager: " in res.output and "fix: enforce-eager: true" in res.output
+
+
+
+def test_a_verdict_is_kept_per_flags_and_vllm_install(tmp_path, monkeypatch):
+    """The second check of the same flags reads the kept verdict instead of importing vLLM again (the
+    parser's runs are counted, not faked: the verdict is real vLLM's); other flags or another vLLM get
+    another key, and a torn file is checked again."""
+    import subprocess
+
+    monkeypatch.setenv("RADIANCE_CACHE_DIR", str(tmp_path / "cache"))
+    runs = []
+    real_run = subprocess.run
+
+    def counting_run(cmd, *a, **kw):
+        if "launcher.vllm_argcheck" in cmd:
+            runs.append(cmd[-1])
+        return real_run(cmd, *a, **kw)
+
+    monkeypatch.setattr(preflight.subprocess, "run", counting_run)
+    bad = {"max-num-seqs": "many"}
+    first = preflight.vllm_args_problems(bad)
+    assert len(first) == 1 and "invalid int value" in first[0]
+    assert preflight.vllm_args_problems(bad) == first and len(runs) == 1
+    key = preflight._argcheck_key(bad)
+    assert preflight._argcheck_key({"max-num-seqs": 8}) != key
+    ident = preflight._vllm_identity()
+    assert ident and ident["versions"]
+    monkeypatch.setattr(preflight, "_vllm_identity", lambda: {**ident, "versions": {"vllm": "0.33.0"}})
+    assert preflight._argcheck_key(bad) != key
+    monkeypatch.setattr(preflight, "_vllm_identity", lambda: ident)
+    (tmp_path / "cache" / "vllm-argcheck" / f"{key}.json").write_text("{")
+    assert preflight.vllm_args_problems(bad) == first and len(runs) == 2
