@@ -4,7 +4,8 @@ On a GPU the verification batch's shape changes with the drafts, so its numerics
 and byte identity with stock decoding is not what lossless means there. What a correct speculative
 decoder guarantees under greedy sampling is that each emitted token is the target's top-1 given the
 tokens before it. The check re-scores prompt + output in a prefill (vLLM's prompt logprobs, top-1 and
-the token's own; twice, in opposite batch orders) and looks at each output position:
+the token's own; twice, in opposite batch orders, a lone prompt beside a companion sequence the second
+time: launcher.bench.worker.rescore_passes) and looks at each output position:
 
 * the emitted token is the prefill's argmax: agrees;
 * it is not, but its logprob is within ``eps`` of the top-1 (the two were tied up to the difference

@@ -88,13 +88,24 @@ def _prompts(tok, texts: list[str], b: int, prompt_tokens: int) -> list[list[int
     return out
 
 
+def rescore_passes(n: int) -> list[tuple[list[int], bool]]:
+    """The re-scoring passes over ``n`` prompts: (batch order, whether a companion sequence joins it). In
+    order, then reversed; a lone prompt's reversal is itself, so its second pass gets a companion instead:
+    no two passes prefill the same batch shape (a lone re-scored request disagreed with the engine's own
+    prefill on the H200 in every pass of two sessions; see lossless.check)."""
+    return [(list(range(n)), False), (list(reversed(range(n))), n == 1)]
+
+
 def _rescore(llm, SamplingParams, prompts: list[list[int]], outputs: list[list[int]], eps: float):
-    """Two re-scorings of every prompt + output, the second in reversed batch order (see lossless.check)."""
+    """Two re-scorings of every prompt + output (rescore_passes), judged by lossless.check."""
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1)
     passes = []
-    for order in (list(range(len(prompts))), list(reversed(range(len(prompts))))):
+    for order, companion in rescore_passes(len(prompts)):
         llm.reset_prefix_cache()
-        res = llm.generate([{"prompt_token_ids": prompts[i] + outputs[i]} for i in order], params, use_tqdm=False)
+        seqs = [prompts[i] + outputs[i] for i in order]
+        if companion:  # the same tokens backwards: as long, another sequence, its scores unread
+            seqs.append(seqs[0][::-1])
+        res = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
         scored: list = [None] * len(prompts)
         for i, r in zip(order, res):
             rows = (r.prompt_logprobs or [])[len(prompts[i]):]

@@ -65,3 +65,11 @@ def test_a_wrong_draft_after_a_correct_first_token_is_still_a_violation():
     rows = [_row({5: -0.1, 9: -3.0}), _row({7: -0.1, 6: -5.0})]
     v = lossless.check([[5, 6]], [[rows], [rows]])
     assert not v.ok and v.violations == 1 and v.unscorable == 0
+
+
+def test_no_two_rescoring_passes_prefill_the_same_batch():
+    """The passes differ in order, and a lone prompt, whose reversal is itself, gets a companion."""
+    from launcher.bench.worker import rescore_passes
+
+    assert rescore_passes(3) == [([0, 1, 2], False), ([2, 1, 0], False)]
+    assert rescore_passes(1) == [([0], False), ([0], True)]
