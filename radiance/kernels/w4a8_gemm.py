@@ -325,6 +325,11 @@ def launch_plan(m: int, n: int, k: int, group_size: int, a_l: str, dev: DeviceIn
     return cfg, grid, kwargs
 
 
+def _mma16_operand(a_q: torch.Tensor) -> torch.Tensor:
+    """The codes as the 16-bit MMA reads them (exact: every e4m3 value is a bf16 value)."""
+    return a_q.to(torch.bfloat16)
+
+
 def w4a8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                      group_size: int, out_dtype: torch.dtype = torch.bfloat16,
                      config: Config | None = None) -> torch.Tensor:
@@ -354,7 +359,7 @@ def w4a8_gemm_triton(a_q: torch.Tensor, a_scale: torch.Tensor, qweight: torch.Te
     # The interpreter has no fp8 pointers: it reads the (exact) fp32 values of the codes. The 16-bit
     # MMA takes the codes upcast to bf16 (exact) once here: converting them in the kernel repeats the
     # conversion in every N tile, and at decode that ALU work is what bounds the kernel (H200: +50 %).
-    a_arg = a_q.float() if dev.interpret else a_q.to(torch.bfloat16) if cfg.mma16 else a_q
+    a_arg = a_q.float() if dev.interpret else _mma16_operand(a_q) if cfg.mma16 else a_q
     _w4a8_gemm_kernel[grid](
         a_arg, sa, qweight, scales, out, ws, cnt,
         m, n, a_q.stride(0), 0 if a_l == "tensor" else sa.stride(0), out.stride(0), qweight.stride(0),
