@@ -138,10 +138,7 @@ def vllm_args_problems(vllm_args: dict, timeout: float = 180.0) -> list[str]:
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     if cached is not None:
         try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(found))
-            tmp.replace(cached)
+            paths.write_atomically(cached, json.dumps(found))
         except OSError:
             pass  # a read-only cache only costs the next check its seconds
     return found

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import paths
 from .acceptance import PromptSet, load_prompt_set, messages_as_text
 from .client import Client, RequestFailed
 from .config import REFERENCES_DIR, TARGET_DIR, TargetConfig, is_path
@@ -195,15 +194,7 @@ async def record(client: Client, cfg: TargetConfig, *, model: str, ident: dict[s
 def write_reference(doc: dict[str, Any], path: Path) -> Path:
     """Atomically: a gate reading the reference while it is recorded sees the old one or the new one."""
     path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    paths.write_atomically(path, json.dumps(doc, indent=1) + "\n")
     return path
 
 

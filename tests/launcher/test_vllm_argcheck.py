@@ -36,7 +36,6 @@ def test_check_exits_2_with_the_file_and_line_of_a_refused_flag(tmp_path, monkey
     assert f"error: {bad}:{line}: vllm_args.enforce-eager: " in res.output and "fix: enforce-eager: true" in res.output
 
 
-
 def test_a_verdict_is_kept_per_flags_and_vllm_install(tmp_path, monkeypatch):
     """The second check of the same flags reads the kept verdict instead of importing vLLM again (the
     parser's runs are counted, not faked: the verdict is real vLLM's); other flags or another vLLM get
