@@ -141,6 +141,28 @@ def radiance_env(profile: Profile) -> dict[str, str]:
     return env
 
 
+def needs_runner_v1(profile: Profile) -> bool:
+    """vLLM 0.32 runs Model Runner V2 by default on GPUs, and V2 has its own speculators: dynamic-draft
+    hooks V1's proposer, and V2 loads a drafter itself (``load_eagle_model``, ``load_dflash_model``), outside
+    the bracket by which w4-drafter finds the drafter's weights and int4-head leaves them alone
+    (radiance/w4/scope.py). So a profile with a drafter and any of the three gets V1, the runner they were
+    measured on (at Qwen3.5-27B's shapes stock V2 and V1 step within 1-3% of each other; docs/benchmarks.md)."""
+    f = profile.features
+    loads_a_drafter = profile.drafter.type in ("mtp", "dflash")
+    return loads_a_drafter and (f.dynamic_draft.enabled or f.w4_drafter.enabled or f.int4_head.enabled)
+
+
+def triton_cache_dir(environ: dict[str, str]) -> str:
+    """Triton's own default cache, named explicitly. Unless the engine is given one, vLLM points Triton into
+    each torch.compile key's directory (``InductorAdaptor.initialize_cache``), and every feature set is a key
+    of its own (radiance.compile_key): each new set, and each changed vllm_arg, would JIT and autotune the
+    GDN kernels again, ~90 s of an engine start on an H200 (docs/benchmarks.md, fourth session). Triton's
+    cache is keyed by kernel source, options and target, so one directory serves them all. The images set
+    their own (a volume)."""
+    home = environ.get("TRITON_HOME") or str(Path.home())
+    return str(Path(home) / ".triton" / "cache")
+
+
 def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | None,
           host: str = "127.0.0.1", port: int = 8000, uds: str | None = None, engine_key: str | None = None,
           environ: dict[str, str] | None = None, drafter_arg: str | None = None) -> EngineConfig:
@@ -172,9 +194,10 @@ def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | 
 
     env = dict(profile.env)
     env.update(radiance_env(profile))
-    if profile.features.dynamic_draft.enabled and platform in ("rocm", "cuda"):
-        # vLLM 0.32 runs Model Runner V2 by default on GPUs; its proposer is not the one radiance hooks.
+    if platform in ("rocm", "cuda") and needs_runner_v1(profile):
         env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    if platform in ("rocm", "cuda") and "TRITON_CACHE_DIR" not in env and "TRITON_CACHE_DIR" not in environ:
+        env["TRITON_CACHE_DIR"] = triton_cache_dir(environ)
     # The engine's internal sockets bind to whatever address they find unless told: vLLM's (engine-core
     # ZMQ, torch.distributed store) to get_ip()'s, gloo's (the CPU groups, on every platform) and
     # NCCL/RCCL's bootstrap to the host name's or the first non-loopback interface -- a LAN or container

@@ -164,7 +164,12 @@ class W4DrafterPatch(Patch):
         spec = getattr(runner, "speculative_config", None)
         if spec is None:
             return "no drafter: nothing to convert"
-        return f"the {getattr(spec, 'method', '?')} drafter loaded no linears this patch converts"
+        method = getattr(spec, "method", "?")
+        if method != "ngram" and DRAFT_SCOPE.loads == 0:
+            return (f"vLLM loaded the {method} drafter outside the proposer's _get_model, where this patch "
+                    "converts (Model Runner V2 loads it itself): the drafter runs as loaded; "
+                    "fix: VLLM_USE_V2_MODEL_RUNNER=0")
+        return f"the {method} drafter loaded no linears this patch converts"
 
     # -- conversion -------------------------------------------------------------------
     def _note(self, kind: str, layer, shape, verdict: str) -> None:

@@ -17,6 +17,10 @@ projection stays a dense GEMM and never runs through the 4-bit kernel. For a blo
 drafter vLLM builds no fused weight and runs ``qkv_proj`` itself over the context tokens, so
 the w4-drafter declines that layer there (the bracket records the proposer's method for it).
 
+Model Runner V2 loads its drafters itself (``load_eagle_model``, ``load_dflash_model`` call ``get_model``),
+never through ``_get_model``: nothing is bracketed there, so w4-drafter converts nothing and says so after
+the load (``loads`` stays 0), and the launcher selects V1 wherever a drafter meets either feature.
+
 One instance (``DRAFT_SCOPE``) is listed in the ``PATCHES`` of both features; the registry
 installs it once ("already applied" the second time).
 """
@@ -46,6 +50,7 @@ class DraftLoadScope(Patch):
         super().__init__()
         self._local = threading.local()
         self._exit_hooks: list[Callable[[], None]] = []
+        self.loads = 0  # drafter loads bracketed in this process (0 with a drafter: loaded elsewhere, e.g. V2)
 
     # -- state ------------------------------------------------------------------------
     def active(self) -> bool:
@@ -68,6 +73,8 @@ class DraftLoadScope(Patch):
     @contextlib.contextmanager
     def entered(self, method: str | None = None):
         self._local.depth = getattr(self._local, "depth", 0) + 1
+        if self._local.depth == 1:
+            self.loads += 1
         outer_method = getattr(self._local, "method", None)
         self._local.method = method or outer_method
         try:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.profile import ProfileError, load_profile, parse_profile
+from launcher.profile import Drafter, ProfileError, load_profile, parse_profile
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = """\
@@ -147,3 +147,44 @@ def test_launcher_owned_vllm_flags_are_refused():
     for flag in ("uds", "api-key", "host", "port"):
         line = _error(GOOD + f"vllm_args:\n  {flag}: x\n")
         assert "vllm_args" in line and flag in line and "fix:" in line, line
+
+
+def test_gpu_engines_share_one_triton_cache_across_feature_sets():
+    """vLLM puts Triton's cache inside each compile key's directory unless the engine is given one; every
+    feature set is its own key, so each would re-JIT and re-autotune the GDN kernels. On a GPU the engine
+    gets Triton's default directory by name; a user's own wins; the CPU engine is left as it was."""
+    from launcher import engine_args
+
+    prof = parse_profile(GOOD, "x.yaml")
+
+    def env(platform, environ):
+        return engine_args.build(prof, platform=platform, model_arg="/m", model_dir=None, environ=environ).env
+
+    assert env("cuda", {"TRITON_HOME": "/h"})["TRITON_CACHE_DIR"] == "/h/.triton/cache"
+    assert env("rocm", {"TRITON_HOME": "/h"})["TRITON_CACHE_DIR"] == "/h/.triton/cache"
+    assert "TRITON_CACHE_DIR" not in env("cuda", {"TRITON_CACHE_DIR": "/mine"})  # the user's, inherited as is
+    assert "TRITON_CACHE_DIR" not in env("cpu", {"TRITON_HOME": "/h"})
+    with_own = parse_profile(GOOD.replace("name: ", "env:\n  TRITON_CACHE_DIR: /p\nname: ", 1), "x.yaml")
+    assert engine_args.build(with_own, platform="cuda", model_arg="/m", model_dir=None,
+                             environ={}).env["TRITON_CACHE_DIR"] == "/p"
+
+
+def test_gpu_engines_with_a_loaded_drafter_and_a_draft_or_head_feature_get_runner_v1():
+    """V2 loads drafters outside the bracket w4-drafter and int4-head rely on, and dynamic-draft hooks V1:
+    any of the three with an MTP or DFlash drafter gets V1 on a GPU; anything else keeps vLLM's default."""
+    from launcher import engine_args
+
+    def runner(text, platform="cuda"):
+        cfg = engine_args.build(parse_profile(text, "x.yaml"), platform=platform, model_arg="/m", model_dir=None,
+                                environ={})
+        return cfg.env.get("VLLM_USE_V2_MODEL_RUNNER")
+
+    assert runner(GOOD) == "0" and runner(GOOD, "rocm") == "0"
+    assert runner(GOOD, "cpu") is None
+    only_int4 = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: true")
+    assert runner(only_int4) == "0"
+    nothing = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: false")
+    assert runner(nothing) is None
+    no_drafter = parse_profile(only_int4, "x.yaml").model_copy(update={"drafter": Drafter(type="none")})
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_args.build(no_drafter, platform="cuda", model_arg="/m",
+                                                               model_dir=None, environ={}).env

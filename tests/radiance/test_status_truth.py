@@ -74,14 +74,32 @@ def test_dynamic_draft_declined_at_load_stays_declined_per_step():
     assert _row(p.name)["reason"] == "the drafter is ngram, not MTP"
 
 
-def test_w4_drafter_with_no_drafter_declines():
+def test_w4_drafter_with_no_drafter_declines(monkeypatch):
     from radiance.w4.patch_drafter import W4DrafterPatch
+    from radiance.w4.scope import DRAFT_SCOPE
 
     p = W4DrafterPatch()
+    monkeypatch.setattr(DRAFT_SCOPE, "loads", 1)
     assert p.after_load(_runner()) == "no drafter: nothing to convert"
     assert "ngram drafter loaded no linears" in p.after_load(_runner(_spec("ngram")))
+    assert "mtp drafter loaded no linears" in p.after_load(_runner(_spec("mtp")))
     p.converted_total = 4
     assert p.after_load(_runner(_spec("mtp"))) is None
+
+
+def test_w4_drafter_says_when_the_drafter_was_loaded_outside_its_bracket_as_model_runner_v2_does(monkeypatch):
+    """Fakes V2's load (no CPU build of V2 here): a drafter in the config, no bracketed load."""
+    from radiance.w4.patch_drafter import W4DrafterPatch
+    from radiance.w4.scope import DRAFT_SCOPE
+
+    monkeypatch.setattr(DRAFT_SCOPE, "loads", 0)
+    why = W4DrafterPatch().after_load(_runner(_spec("dflash")))
+    assert "outside" in why and "VLLM_USE_V2_MODEL_RUNNER=0" in why, why
+    with DRAFT_SCOPE.entered("mtp"):
+        with DRAFT_SCOPE.entered():
+            pass
+    assert DRAFT_SCOPE.loads == 1  # the outermost entry counts, once
+    assert "outside" not in W4DrafterPatch().after_load(_runner(_spec("mtp")))
 
 
 def test_fp8_stream_on_a_target_with_no_qwen3_next_core_declines(monkeypatch):
