@@ -269,6 +269,23 @@ def resolve_platform(profile: Profile, hw: "hardware.HardwareReport") -> str:
     return hw.platform if wanted == "auto" else wanted
 
 
+def runner_finding(profile: Profile) -> tuple[str, str]:
+    """Which vLLM model runner a GPU engine gets (launcher.engine_args.needs_runner_v1) and why."""
+    from .engine_args import needs_runner_v1
+
+    own = profile.env.get("VLLM_USE_V2_MODEL_RUNNER")
+    if not needs_runner_v1(profile):
+        return "ok", "vLLM's default (Model Runner V2 on GPUs)" if own is None else \
+            f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env)"
+    if own not in (None, "0"):
+        return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): V2 loads the drafter outside the bracket "
+                        "w4-drafter and int4-head rely on, and dynamic-draft hooks V1: they run stock — "
+                        "fix: remove it from env")
+    return "ok", ("Model Runner V1: a drafter with dynamic-draft, w4-drafter or int4-head (V2 loads drafters "
+                  "itself and dynamic-draft hooks V1's proposer; at Qwen3.5-27B's shapes the two runners step "
+                  "within 1-3%)")
+
+
 def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool = True,
            root: Path = Path("/"), kernels: bool | None = None, archs: tuple[str, ...] = ()) -> PreflightReport:
     """``capabilities``: read the engine's capability table (local runtime) and compile the
@@ -290,6 +307,8 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
         rep.add("hardware", "fail", p)
     if platform == "cpu" and profile.model.quantization == "fp8":
         rep.add("engine", "warn", "fp8 quantization on CPU runs through reference kernels (slow)")
+    if platform in ("rocm", "cuda"):
+        rep.add("runner", *runner_finding(profile))
 
     caps = None
     if runtime == "local":

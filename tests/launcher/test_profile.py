@@ -188,3 +188,15 @@ def test_gpu_engines_with_a_loaded_drafter_and_a_draft_or_head_feature_get_runne
     no_drafter = parse_profile(only_int4, "x.yaml").model_copy(update={"drafter": Drafter(type="none")})
     assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_args.build(no_drafter, platform="cuda", model_arg="/m",
                                                                model_dir=None, environ={}).env
+
+
+def test_check_states_the_runner_and_warns_when_a_profile_forces_v2_on_the_features():
+    from launcher.preflight import runner_finding
+
+    status, detail = runner_finding(parse_profile(GOOD, "x.yaml"))
+    assert status == "ok" and detail.startswith("Model Runner V1")
+    forced = parse_profile(GOOD + "env:\n  VLLM_USE_V2_MODEL_RUNNER: '1'\n", "x.yaml")
+    status, detail = runner_finding(forced)
+    assert status == "warn" and "fix:" in detail
+    plain = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: false")
+    assert runner_finding(parse_profile(plain, "x.yaml")) == ("ok", "vLLM's default (Model Runner V2 on GPUs)")
