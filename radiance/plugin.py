@@ -25,9 +25,11 @@ logger = logging.getLogger("radiance")
 QUANT_MODULES: tuple[str, ...] = ("radiance.fp8_stream.linear", "radiance.fp8_stream.w4_linear")
 
 # The report channel (radiance/report): installed whenever the plugin is, features on or off, so every
-# engine says what its patches did; and the compile-cache key, so no two patch sets share compiled graphs.
+# engine says what its patches did; the compile-cache key, so no two patch sets share compiled graphs; and
+# prompt logprobs the drafter cannot overwrite (vLLM issue 53488), which the gate's target check reads.
 CORE_MODULES: tuple[str, ...] = ("radiance.report.patch_worker", "radiance.report.patch_engine",
-                                 "radiance.report.patch_server", "radiance.compile_key")
+                                 "radiance.report.patch_server", "radiance.compile_key",
+                                 "radiance.runner_prompt_logprobs")
 
 _registry: Registry | None = None
 
