@@ -194,10 +194,11 @@ def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | 
 
     env = dict(profile.env)
     env.update(radiance_env(profile))
-    if platform in ("rocm", "cuda") and needs_runner_v1(profile):
-        env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-    if platform in ("rocm", "cuda") and "TRITON_CACHE_DIR" not in env and "TRITON_CACHE_DIR" not in environ:
-        env["TRITON_CACHE_DIR"] = triton_cache_dir(environ)
+    if platform in ("rocm", "cuda"):
+        if needs_runner_v1(profile):
+            env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        if "TRITON_CACHE_DIR" not in env and "TRITON_CACHE_DIR" not in environ:
+            env["TRITON_CACHE_DIR"] = triton_cache_dir(environ)
     # The engine's internal sockets bind to whatever address they find unless told: vLLM's (engine-core
     # ZMQ, torch.distributed store) to get_ip()'s, gloo's (the CPU groups, on every platform) and
     # NCCL/RCCL's bootstrap to the host name's or the first non-loopback interface -- a LAN or container
