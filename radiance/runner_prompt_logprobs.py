@@ -7,7 +7,8 @@ one memory pool: the drafter's own graphs may reuse that memory, and prompt logp
 drafter's activations while generation (sampled before the drafter ran) is unaffected. vLLM issue 53488
 (fix proposed upstream in PR 53520). The gate's target check scores its held text this way, and so does
 `radiance bench`'s lossless re-scoring; on the H200 a lone re-scored request disagreed with the engine's own
-first token in every V1 run and scored on V2 (docs/benchmarks.md).
+first token in every V1 run without this copy, scored on V2, and scores on V1 with it (docs/benchmarks.md,
+fifth session).
 
 Hook (vLLM 0.32.0): ``GPUModelRunner.execute_model`` (the CPU runner inherits it). When the step it leaves
 for ``sample_tokens`` has a drafter and a request that wants prompt logprobs, its ``hidden_states`` are
