@@ -216,10 +216,12 @@ class Gateway:
             try:
                 async for chunk in upstream.body:
                     await response.write(chunk)
+                # A streaming client may hang up as soon as it reads `data: [DONE]`, before the chunked
+                # body's terminator goes out: that is a finished request, not an error to log.
+                await response.write_eof()
             except (aiohttp.ClientError, ConnectionResetError, UpstreamError):
                 # The client or the engine went away mid-stream; nothing more to send.
-                return response
-            await response.write_eof()
+                pass
             return response
         finally:
             await upstream.close()

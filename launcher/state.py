@@ -33,6 +33,7 @@ class DeploymentState:
     api_key_env: str | None = None
     ray_address: str = ""             # runtime ray: the cluster the replicas run on
     replicas: int = 0                 # runtime ray: how many were asked for
+    drain_timeout_s: float | None = None   # the supervisor's drain budget: `radiance down` waits it out
 
     @property
     def dir(self) -> Path:

@@ -116,7 +116,8 @@ class Supervisor:
             profile_hash=p.fingerprint(), runtime=rt.kind,
             gateway_url=f"http://{host}:{public_port}", engine_url=rt.engine_url,
             supervisor_pid=os.getpid(), supervisor_started=procs.start_time(os.getpid()), engine_log=str(engine_log),
-            supervisor_log=str(self.dir / "supervisor.log"), api_key_env=p.server.api_key_env)
+            supervisor_log=str(self.dir / "supervisor.log"), api_key_env=p.server.api_key_env,
+            drain_timeout_s=drain)
         self.state.save()
 
         await gateway.start(host, public_port)

@@ -16,9 +16,11 @@ from .logs import _pick
 @click.command("down")
 @click.argument("name", required=False)
 @click.option("--all", "all_", is_flag=True, help="Stop every deployment.")
-@click.option("--timeout", type=float, default=120.0, show_default=True,
-              help="Seconds to wait for the drain and the engine's exit before killing.")
-def command(name: str | None, all_: bool, timeout: float) -> None:
+@click.option("--timeout", type=click.FloatRange(min=0), default=None,
+              help="Seconds to wait for the drain and the engine's exit before killing. "
+                   "Default: what the deployment's own shutdown may take (its RADIANCE_DRAIN_TIMEOUT for the "
+                   "requests in flight, as long again for the engine to exit) plus 60 s, at least 120 s.")
+def command(name: str | None, all_: bool, timeout: float | None) -> None:
     """Stop deployment NAME (the only one, when NAME is omitted)."""
     targets = all_deployments() if all_ else [_pick(name)]
     for st in targets:
@@ -32,7 +34,8 @@ def command(name: str | None, all_: bool, timeout: float) -> None:
             os.kill(st.supervisor_pid, signal.SIGTERM)
         except ProcessLookupError:
             pass  # it ended between the check and the signal
-        deadline = time.monotonic() + timeout
+        wait_s = shutdown_budget(st) if timeout is None else timeout
+        deadline = time.monotonic() + wait_s
         with console.err.status(f"{st.name}: draining and stopping", spinner="dots"):
             while st.supervisor_alive() and time.monotonic() < deadline:
                 time.sleep(0.3)
@@ -42,8 +45,19 @@ def command(name: str | None, all_: bool, timeout: float) -> None:
             except ProcessLookupError:
                 pass
             _remove_leftovers(st)
-            raise errors.LauncherError(f"{st.name}: did not stop within {timeout:.0f}s; killed")
+            raise errors.LauncherError(f"{st.name}: did not stop within {wait_s:.0f}s; killed — fix: to let "
+                                       f"long requests finish, raise --timeout")
         console.out.print(f"{st.name}: stopped")
+
+
+def shutdown_budget(st) -> float:
+    """How long the supervisor's own shutdown may take: the drain, then the engine's stop (it gets the
+    same budget, at least 10 s; launcher/supervisor.py), plus room for the gateway and the state. Killing
+    sooner would cut the very requests the drain is there to finish."""
+    if st.drain_timeout_s is None:   # written by a launcher that did not record it
+        return 120.0
+    drain = st.drain_timeout_s
+    return max(120.0, drain + max(drain, 10.0) + 60.0)
 
 
 def _remove_leftovers(st) -> int:

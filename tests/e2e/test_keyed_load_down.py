@@ -29,7 +29,13 @@ pytestmark = pytest.mark.e2e
 
 KEY = "gateway-key-e2e-7c1f"
 STREAMS = 64
-MAX_TOKENS = 256   # long enough (~20 s of streaming here) that down lands mid-stream
+# 64 x 64 tokens: ~30 s of streaming on two idle cores (the engine makes ~140 tok/s with 64 running: each
+# step scores 64 x 3 rows of a 248320-entry vocabulary), so down lands mid-stream; 256 tokens took ~120 s
+# idle and longer beside the other xdist worker's engine, past the drain budget.
+MAX_TOKENS = 64
+# The drain budget is the product's setting; here it only has to outlast the streams on a loaded CI host,
+# since what is asserted is that none is cut.
+DRAIN_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +48,7 @@ def keyed(tmp_path_factory):
     profile = tmp / "tiny-keyed.yaml"
     profile.write_text(yaml.safe_dump(data, sort_keys=False))
     dep = start(tmp, str(profile), args=("--skip-gate",),
-                extra_env={"RADIANCE_API_KEY": KEY, "RADIANCE_DRAIN_TIMEOUT": "120"})
+                extra_env={"RADIANCE_API_KEY": KEY, "RADIANCE_DRAIN_TIMEOUT": str(DRAIN_TIMEOUT_S)})
     if dep.up.returncode != 0:
         dep.down()
         pytest.fail(f"radiance up failed ({dep.up.returncode}):\n{dep.up.stdout}\n{dep.up.stderr}")
@@ -220,11 +226,12 @@ def test_down_mid_stream_drains_the_streams_in_flight_and_leaves_nothing(keyed):
                   if not (r and r["status"] == 200 and r["done"] and r["usage"]
                           and r["usage"]["completion_tokens"] == MAX_TOKENS)]
     tokens = sum(r["usage"]["completion_tokens"] for r in results if r and r.get("usage"))
+    chunks = sum(r.get("chunks", 0) for r in results if r)   # streamed text, counted even where a stream was cut
     print(f"\n[load] {STREAMS} streams x {MAX_TOKENS} tokens: all in flight at the gateway after {down['all_in_flight_s']:.1f} s; "
           f"down sent at {down['sent_at']:.1f} s, draining at {down['draining_at']:.1f} s with "
           f"{down['in_flight_at_drain']} streams in flight, down took {down['s']:.1f} s; streams done at "
           f"{down['streams_done_s']:.1f} s ({tokens} tokens, {tokens / down['streams_done_s']:.0f} tok/s "
-          f"aggregate); late requests: {len(late)} ({sorted(set(map(str, late)))}); incomplete: {len(incomplete)}")
+          f"aggregate, {chunks} chunks streamed); late requests: {len(late)} ({sorted(set(map(str, late)))}); incomplete: {len(incomplete)}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # down really landed mid-stream: the gateway's own count when it began to drain (the client's view
     # above lags on a host whose cores the engine saturates)

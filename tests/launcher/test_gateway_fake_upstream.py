@@ -1,6 +1,7 @@
 """The gateway's own behaviour, in front of a small fake upstream (an aiohttp app standing in for
 vLLM: the real engine is covered by tests/e2e). Readiness gating, API key, streaming, drain."""
 import asyncio
+import logging
 import socket
 
 import aiohttp
@@ -27,6 +28,8 @@ async def _upstream(port: int, release: asyncio.Event):
                 await resp.write(f"data: {i}\n\n".encode())
                 await asyncio.sleep(0.05)
             await resp.write(b"data: [DONE]\n\n")
+            if body.get("linger"):   # the engine ends its body a moment after [DONE]
+                await asyncio.sleep(0.3)
             return resp
         if body.get("slow"):
             await release.wait()
@@ -143,6 +146,39 @@ def test_drain_waits_for_in_flight_then_refuses_new():
             await upstream.cleanup()
 
     run(main())
+
+
+def test_client_hanging_up_after_done_is_no_error(caplog):
+    """A client that closes its connection on `data: [DONE]` (httpx without keep-alive does) before the
+    gateway has sent the chunked terminator: the gateway logged a traceback per such request."""
+    async def main():
+        up_port, gw_port = _port(), _port()
+        upstream = await _upstream(up_port, asyncio.Event())
+        state = GatewayState()
+        state.set("ready", "ok", ready=True)
+        gw = Gateway(f"http://127.0.0.1:{up_port}", state)
+        await gw.start("127.0.0.1", gw_port)
+        try:
+            async with aiohttp.ClientSession() as s:
+                r = await s.post(f"http://127.0.0.1:{gw_port}/v1/completions", json={"stream": True, "linger": True})
+                seen = b""
+                while b"[DONE]" not in seen:
+                    seen += await r.content.readany()
+                r.close()   # hang up before the body's end
+            for _ in range(100):
+                if gw.in_flight == 0:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)   # past the upstream's linger: the gateway has tried to finish the body
+            assert gw.in_flight == 0
+        finally:
+            await gw.stop()
+            await upstream.cleanup()
+
+    with caplog.at_level(logging.DEBUG):
+        run(main())
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
 
 
 def test_engine_down_is_502_not_a_crash():
