@@ -47,6 +47,15 @@ async def _upstream(port: int, release: asyncio.Event):
     return runner
 
 
+async def _ready_gateway(upstream_url: str, gw_port: int, **kwargs) -> Gateway:
+    """A gateway whose engine has passed its gate, listening on gw_port."""
+    state = GatewayState()
+    state.set("ready", "ok", ready=True)
+    gw = Gateway(upstream_url, state, **kwargs)
+    await gw.start("127.0.0.1", gw_port)
+    return gw
+
+
 def run(coro):
     return asyncio.run(coro)
 
@@ -93,10 +102,7 @@ def test_api_key_enforced_on_everything_but_health():
     async def main():
         up_port, gw_port = _port(), _port()
         upstream = await _upstream(up_port, asyncio.Event())
-        state = GatewayState()
-        state.set("ready", "ok", ready=True)
-        gw = Gateway(f"http://127.0.0.1:{up_port}", state, api_key="s3cret")
-        await gw.start("127.0.0.1", gw_port)
+        gw = await _ready_gateway(f"http://127.0.0.1:{up_port}", gw_port, api_key="s3cret")
         base = f"http://127.0.0.1:{gw_port}"
         try:
             async with aiohttp.ClientSession() as s:
@@ -122,10 +128,7 @@ def test_drain_waits_for_in_flight_then_refuses_new():
         up_port, gw_port = _port(), _port()
         release = asyncio.Event()
         upstream = await _upstream(up_port, release)
-        state = GatewayState()
-        state.set("ready", "ok", ready=True)
-        gw = Gateway(f"http://127.0.0.1:{up_port}", state, drain_timeout=5)
-        await gw.start("127.0.0.1", gw_port)
+        gw = await _ready_gateway(f"http://127.0.0.1:{up_port}", gw_port, drain_timeout=5)
         base = f"http://127.0.0.1:{gw_port}"
         try:
             async with aiohttp.ClientSession() as s:
@@ -154,10 +157,7 @@ def test_client_hanging_up_after_done_is_no_error(caplog):
     async def main():
         up_port, gw_port = _port(), _port()
         upstream = await _upstream(up_port, asyncio.Event())
-        state = GatewayState()
-        state.set("ready", "ok", ready=True)
-        gw = Gateway(f"http://127.0.0.1:{up_port}", state)
-        await gw.start("127.0.0.1", gw_port)
+        gw = await _ready_gateway(f"http://127.0.0.1:{up_port}", gw_port)
         try:
             async with aiohttp.ClientSession() as s:
                 r = await s.post(f"http://127.0.0.1:{gw_port}/v1/completions", json={"stream": True, "linger": True})
@@ -184,10 +184,7 @@ def test_client_hanging_up_after_done_is_no_error(caplog):
 def test_engine_down_is_502_not_a_crash():
     async def main():
         gw_port = _port()
-        state = GatewayState()
-        state.set("ready", "ok", ready=True)
-        gw = Gateway(f"http://127.0.0.1:{_port()}", state)
-        await gw.start("127.0.0.1", gw_port)
+        gw = await _ready_gateway(f"http://127.0.0.1:{_port()}", gw_port)
         try:
             async with aiohttp.ClientSession() as s:
                 async with s.post(f"http://127.0.0.1:{gw_port}/v1/completions", json={}) as r:
