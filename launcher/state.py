@@ -10,6 +10,12 @@ from pathlib import Path
 from . import paths, procs
 
 
+def engine_stop_timeout(drain_s: float) -> float:
+    """How long the supervisor gives the engine to exit once the drain is over: the drain's budget again,
+    at least 10 s. `radiance down` waits this out too, so the rule lives beside the state they share."""
+    return max(drain_s, 10.0)
+
+
 @dataclass
 class DeploymentState:
     name: str

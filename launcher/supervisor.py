@@ -21,7 +21,7 @@ from .gate import verdict
 from .gateway import Gateway, GatewayState
 from .profile import Profile
 from .runtime.base import Phase, Runtime
-from .state import DeploymentState
+from .state import DeploymentState, engine_stop_timeout
 
 log = logging.getLogger("radiance.supervisor")
 
@@ -146,7 +146,7 @@ class Supervisor:
         finally:
             await gateway.drain()
             await gateway.stop()
-            await rt.stop(self, max(drain, 10.0))
+            await rt.stop(self, engine_stop_timeout(drain))
             if self.state is not None:
                 self.state.exit_code = self.exit_code
                 self.phase("stopped", self.gw_state.reason)

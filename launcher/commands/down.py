@@ -9,7 +9,7 @@ import click
 
 from .. import console, errors
 from ..runtime import runtime_class
-from ..state import all_deployments
+from ..state import all_deployments, engine_stop_timeout
 from .logs import _pick
 
 
@@ -51,13 +51,12 @@ def command(name: str | None, all_: bool, timeout: float | None) -> None:
 
 
 def shutdown_budget(st) -> float:
-    """How long the supervisor's own shutdown may take: the drain, then the engine's stop (it gets the
-    same budget, at least 10 s; launcher/supervisor.py), plus room for the gateway and the state. Killing
-    sooner would cut the very requests the drain is there to finish."""
+    """How long the supervisor's own shutdown may take: the drain, then the engine's stop, plus room for
+    the gateway and the state. Killing sooner would cut the very requests the drain is there to finish."""
     if st.drain_timeout_s is None:   # written by a launcher that did not record it
         return 120.0
     drain = st.drain_timeout_s
-    return max(120.0, drain + max(drain, 10.0) + 60.0)
+    return max(120.0, drain + engine_stop_timeout(drain) + 60.0)
 
 
 def _remove_leftovers(st) -> int:
