@@ -29,9 +29,9 @@ pytestmark = pytest.mark.e2e
 
 KEY = "gateway-key-e2e-7c1f"
 STREAMS = 64
-# 64 x 64 tokens: ~30 s of streaming on two idle cores (the engine makes ~140 tok/s with 64 running: each
-# step scores 64 x 3 rows of a 248320-entry vocabulary), so down lands mid-stream; 256 tokens took ~120 s
-# idle and longer beside the other xdist worker's engine, past the drain budget.
+# 64 x 64 tokens: down lands mid-stream (asserted below, from the gateway's count). This host has streamed
+# them in 4 to 38 s (~110-980 tok/s aggregate, unexplained spread between runs); 256 tokens once took ~120 s
+# beside the other xdist worker's engine, past the drain budget.
 MAX_TOKENS = 64
 # The drain budget is the product's setting; here it only has to outlast the streams on a loaded CI host,
 # since what is asserted is that none is cut.
