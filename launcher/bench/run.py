@@ -13,14 +13,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import console, engine_args, paths
 from ..profile import Profile
 from ..runtime.base import EngineHandle
 from ..runtime.local import LocalEngine, _become_subreaper
-from . import plan
+from . import plan, rounds
 from .lossless import DEFAULT_EPS
 
 def prompt_texts(n: int) -> list[str]:
@@ -45,6 +45,8 @@ class Options:
     eps: float = DEFAULT_EPS
     engine_env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 1800.0
+    acceptance: list[float] | None = None  # vLLM's synthetic rejection sampler at these rates (rounds.py)
+    rounds: int = 1                        # every set once per round, rounds one after another
 
 
 def engine_env(fs: plan.FeatureSet, cfg_env: dict[str, str], platform: str) -> dict[str, str]:
@@ -56,19 +58,23 @@ def engine_env(fs: plan.FeatureSet, cfg_env: dict[str, str], platform: str) -> d
     return env
 
 
-def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path) -> dict:
+def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path,
+            log_suffix: str = "") -> dict:
     p = plan.with_features(profile, fs.features)
     cfg = engine_args.from_profile(p, platform=platform)
+    server_args = cfg.server_args
+    if opts.acceptance is not None:
+        server_args = rounds.with_synthetic_acceptance(server_args, opts.acceptance)
     env = dict(os.environ)
     env.update(engine_env(fs, cfg.env, platform))
     env.update(opts.engine_env)
     env.update(cfg.secret_env)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    job = {"set": fs.name, "server_args": cfg.server_args, "batches": opts.batches, "max_tokens": opts.max_tokens,
+    job = {"set": fs.name, "server_args": server_args, "batches": opts.batches, "max_tokens": opts.max_tokens,
            "prompt_tokens": opts.prompt_tokens, "repeat": opts.repeat, "eps": opts.eps,
            "lossless_batches": opts.lossless_batches, "prompts": prompt_texts(max(opts.batches))}
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{fs.name.replace('@', '-').replace('+', '_')}.log"
+    log_path = log_dir / f"{fs.name.replace('@', '-').replace('+', '_')}{log_suffix}.log"
     with tempfile.TemporaryDirectory(prefix="radiance-bench-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job))
@@ -100,26 +106,37 @@ def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
 
 def bench(profile: Profile, profile_path: str, platform: str, sets: list[plan.FeatureSet], opts: Options,
           commit: str, log_dir: Path, on_set=None) -> dict:
-    """``on_set(report)`` after each set: a long run that is cut short keeps what it measured."""
+    """Every set once per round, ``opts.rounds`` rounds in a row (stock, set, stock, set, ...); the outputs
+    are re-scored in the first round only. ``on_set(report)`` after each set: a long run that is cut short
+    keeps what it measured."""
     started = dt.datetime.now(dt.timezone.utc)
-    results: list[dict] = []
-    for i, fs in enumerate(sets, 1):
-        console.info(f"radiance bench: set {fs.name} ({i}/{len(sets)}): features "
-                     f"{'+'.join(fs.features) or 'none'}, runner {fs.runner}; engine log {log_dir}")
-        t = time.monotonic()
-        r = run_set(fs, profile, platform, opts, log_dir)
-        results.append(r)
-        if "error" in r:
-            console.warn(f"set {fs.name}: {r['error']} (log: {r['log']})")
-        else:
-            console.info(f"radiance bench: set {fs.name} done in {time.monotonic() - t:.0f} s")
-        if on_set is not None:
-            on_set(_report(profile, profile_path, platform, opts, commit, started, results))
-    return _report(profile, profile_path, platform, opts, commit, started, results)
+    done: list[list[dict]] = []
+    for n in range(1, opts.rounds + 1):
+        round_opts = opts if n == 1 else replace(opts, lossless_batches=[])
+        results: list[dict] = []
+        done.append(results)
+        for i, fs in enumerate(sets, 1):
+            console.info(f"radiance bench: round {n}/{opts.rounds}, set {fs.name} ({i}/{len(sets)}): features "
+                         f"{'+'.join(fs.features) or 'none'}, runner {fs.runner}; engine log {log_dir}")
+            t = time.monotonic()
+            r = run_set(fs, profile, platform, round_opts, log_dir, f"-r{n}" if opts.rounds > 1 else "")
+            results.append(r)
+            if "error" in r:
+                console.warn(f"set {fs.name}: {r['error']} (log: {r['log']})")
+            else:
+                console.info(f"radiance bench: set {fs.name} done in {time.monotonic() - t:.0f} s")
+            if on_set is not None:
+                on_set(_report(profile, profile_path, platform, opts, commit, started, done))
+    return _report(profile, profile_path, platform, opts, commit, started, done)
 
 
 def _report(profile: Profile, profile_path: str, platform: str, opts: Options, commit: str, started,
-            results: list[dict]) -> dict:
+            done: list[list[dict]]) -> dict:
+    for results in done:
+        compare(results)
+    # a round still running is left out of the merge until it is complete
+    complete = [r for r in done if len(r) == len(done[0])]
+    results = done[0] if len(done) == 1 else rounds.merge_rounds(complete)
     device = next((r.get("device") for r in results if r.get("device")), None)
     report = {
         "kind": "radiance-bench", "date": started.isoformat(timespec="seconds"), "device": device,
@@ -129,21 +146,23 @@ def _report(profile: Profile, profile_path: str, platform: str, opts: Options, c
         "vllm": next((r.get("vllm") for r in results if r.get("vllm")), None),
         "torch": next((r.get("torch") for r in results if r.get("torch")), None),
         "options": {"batches": opts.batches, "max_tokens": opts.max_tokens, "prompt_tokens": opts.prompt_tokens,
-                    "repeat": opts.repeat, "lossless_batches": opts.lossless_batches, "eps": opts.eps},
+                    "repeat": opts.repeat, "lossless_batches": opts.lossless_batches, "eps": opts.eps,
+                    "rounds": opts.rounds, "rounds_done": len(complete)},
+        # dummy weights accept nothing: with synthetic rates every throughput here is at those rates
+        "acceptance": ({"kind": "synthetic", "rates": opts.acceptance} if opts.acceptance is not None
+                       else {"kind": "model"}),
         "sets": list(results),
     }
-    compare(report)
     return report
 
 
-def compare(report: dict) -> None:
-    """Adds each row's ratio to the stock V1 set at the same batch (``vs_stock``), in place."""
-    base = next((s for s in report["sets"] if not s.get("plugin") and s.get("runner") == "v1"
-                 and "error" not in s), None)
+def compare(results: list[dict]) -> None:
+    """Adds each row's ratio to the stock V1 set of the same round at the same batch (``vs_stock``), in place."""
+    base = next((s for s in results if rounds.is_stock(s)), None)
     if base is None:
         return
     ref = {r["batch"]: r["decode_tok_s"] for r in base["results"]}
-    for s in report["sets"]:
+    for s in results:
         for r in s.get("results", []):
             if ref.get(r["batch"]):
                 r["vs_stock"] = round(r["decode_tok_s"] / ref[r["batch"]], 3)

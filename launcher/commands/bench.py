@@ -77,14 +77,26 @@ def _table(report: dict) -> None:
         for r in s["results"]:
             ll = r.get("lossless")
             verdict = "" if ll is None else _verdict(ll)
-            rows.append([s["set"], s["runner"], str(r["batch"]), f"{r['decode_tok_s']:.0f}",
-                         f"{r['vs_stock']:.2f}x" if "vs_stock" in r else "",
+            tok, ratio = f"{r['decode_tok_s']:.0f}", f"{r['vs_stock']:.2f}x" if "vs_stock" in r else ""
+            if "decode_tok_s_spread" in r:  # median of the rounds [min-max]
+                sp = r["decode_tok_s_spread"]
+                tok += f" [{sp['min']:.0f}-{sp['max']:.0f}]"
+            if "vs_stock_spread" in r:
+                sp = r["vs_stock_spread"]
+                ratio += f" [{sp['min']:.2f}-{sp['max']:.2f}]"
+            rows.append([s["set"], s["runner"], str(r["batch"]), tok, ratio,
                          f"{r['ms_per_step']:.2f}",
                          f"{r['mean_acceptance_length']:.2f}" if r.get("mean_acceptance_length") else "",
                          verdict])
+    acc = report.get("acceptance") or {}
+    how = (f"synthetic acceptance {'/'.join(str(x) for x in acc['rates'])}" if acc.get("kind") == "synthetic"
+           else "the model's own acceptance")
+    n = report["options"].get("rounds", 1)
     console.out.print(console.table(
         f"radiance bench {report['profile_name']} on {report['device']} (commit {report['commit']}; "
-        f"{report['options']['max_tokens']} tokens per request, greedy)",
+        f"{report['options']['max_tokens']} tokens per request, greedy; {how}"
+        + (f"; median of {report['options'].get('rounds_done', n)} interleaved rounds [min-max]" if n > 1 else "")
+        + ")",
         ["set", "runner", "B", "decode tok/s", "vs stock", "ms/step", "accept len", "lossless"], rows))
 
 
@@ -101,6 +113,12 @@ def _table(report: dict) -> None:
               help="Cut each prompt to this many tokens (0: as written).")
 @click.option("--repeat", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Timed runs per batch; the median is reported.")
+@click.option("--rounds", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="Run every set this many times, interleaved (stock, set, stock, set, ...), each a fresh engine; "
+                   "the report gives the median of the rounds and their spread, ratios taken within a round.")
+@click.option("--acceptance", "acceptance_raw", default=None, metavar="synthetic:R1,R2,...",
+              help="vLLM's synthetic rejection sampling at these per-position (unconditional) acceptance rates, "
+                   "for dummy-weight profiles, whose drafts are otherwise never accepted; the report says so.")
 @click.option("--lossless", "lossless_raw", default="1,8", show_default=True, metavar="B,...",
               help="Batches whose outputs are re-scored: every emitted token must be the target's argmax "
                    "for its prefix (within --eps). 'none' skips it.")
@@ -120,7 +138,7 @@ def _table(report: dict) -> None:
                    "recorded in the report.")
 @JSON_OPT
 def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens: int, prompt_tokens: int,
-            repeat: int, lossless_raw: str, eps: float | None, platform: str, commit: str | None,
+            repeat: int, rounds: int, acceptance_raw: str | None, lossless_raw: str, eps: float | None, platform: str, commit: str | None,
             out_path: str | None, engine_env: tuple[str, ...], vllm_arg: tuple[str, ...], as_json: bool) -> None:
     """Run PROFILE's model stock and with its feature sets, at each batch size, through vLLM's offline
     engine (one fresh engine per set, started exactly as `radiance up` starts it), and print decode
@@ -129,13 +147,25 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
     import signal
     import sys
 
-    from ..bench import plan, run
+    from ..bench import plan, rounds as bench_rounds, run
     from ..bench.lossless import DEFAULT_EPS
     from ..preflight import resolve_platform
 
     profile = _with_vllm_args(load(profile_path), vllm_arg)
     check_knobs()
     batches = _ints("--batch", batch_raw)
+    acceptance = None
+    if acceptance_raw is not None:
+        try:
+            acceptance = bench_rounds.parse_acceptance(acceptance_raw)
+        except ValueError as exc:
+            raise errors.UsageError(f"--acceptance: {exc}") from None
+        if profile.drafter.type == "none":
+            raise errors.UsageError(f"--acceptance: {profile_path}: the profile has no drafter (drafter.type: "
+                                    "none) — fix: a profile with an MTP or DFlash drafter")
+        if len(acceptance) < profile.drafter.num_speculative_tokens:
+            raise errors.UsageError(f"--acceptance: {len(acceptance)} rates for drafter.num_speculative_tokens "
+                                    f"{profile.drafter.num_speculative_tokens} — fix: give one rate per position")
     lossless_batches = [] if lossless_raw.strip().lower() == "none" else _ints("--lossless", lossless_raw)
     if platform == "auto":
         if profile.runtime.platform != "auto":
@@ -144,13 +174,18 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
             from .. import hardware
 
             platform = resolve_platform(profile, hardware.probe_all())
+    if acceptance is not None and platform == "cpu":
+        # vLLM 0.32's CPU sampler asserts "Synthetic acceptance not supported with CPU sampling" at the
+        # first step: refuse here rather than kill every engine
+        raise errors.UsageError("--acceptance: vLLM's synthetic rejection sampling runs on GPUs only, not on "
+                                "the cpu platform — fix: leave --acceptance out on CPU")
     sets = plan.parse(sets_spec or plan.default_sets(profile, platform), profile, platform)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(out_path) if out_path else paths.reports_dir() / f"bench-{profile.name}-{stamp}.json"
     opts = run.Options(batches=batches, max_tokens=max_tokens, prompt_tokens=prompt_tokens, repeat=repeat,
                        lossless_batches=[b for b in lossless_batches if b in batches],
                        eps=DEFAULT_EPS if eps is None else eps, engine_env=_engine_env(engine_env),
-                       timeout_s=profile.runtime.startup_timeout_s + 1200)
+                       timeout_s=profile.runtime.startup_timeout_s + 1200, acceptance=acceptance, rounds=rounds)
     out.parent.mkdir(parents=True, exist_ok=True)
     # A bench stopped by SIGTERM (a CI timeout, `timeout`) unwinds like ^C, so the running set's engine is
     # stopped with it instead of running on in its own session.

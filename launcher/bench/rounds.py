@@ -1,0 +1,93 @@
+"""What makes a `radiance bench` comparison trustworthy on one machine: synthetic acceptance for dummy
+weights, and repeats interleaved across feature sets with their median and spread.
+
+Stock vLLM moved up to ~17% between two calls on one H200 (docs/benchmarks.md), and a set measured
+after another inherits whatever the machine did meanwhile. So a round runs every set once, rounds follow
+one another (stock, set, stock, set, ...), each set's ratio to stock is taken within its round, and the
+report gives the median and the range of the rounds, never one figure.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+
+ACCEPTANCE_FORM = "synthetic:R1,R2,... (per-position unconditional acceptance rates, non-increasing, in [0, 1])"
+
+
+def parse_acceptance(raw: str) -> list[float]:
+    """``synthetic:0.76,0.62,0.46,0.40`` -> the rates; ValueError with the expected form otherwise."""
+    kind, _, rest = raw.partition(":")
+    if kind.strip().lower() != "synthetic" or not rest.strip():
+        raise ValueError(f"expected {ACCEPTANCE_FORM}, got {raw!r}")
+    try:
+        rates = [float(x) for x in rest.split(",")]
+    except ValueError:
+        raise ValueError(f"expected {ACCEPTANCE_FORM}, got {raw!r}") from None
+    if any(not 0.0 <= r <= 1.0 for r in rates):
+        raise ValueError(f"acceptance rates must lie in [0, 1], got {rates}")
+    if any(b > a for a, b in zip(rates, rates[1:])):
+        raise ValueError(f"acceptance rates must not increase with the position, got {rates}")
+    return rates
+
+
+def with_synthetic_acceptance(server_args: list[str], rates: list[float]) -> list[str]:
+    """The engine's flags with vLLM's synthetic rejection sampler at ``rates``: every draft position is
+    accepted with its rate whatever the weights say (dummy weights accept nothing). A drafter shallower
+    than the rates gets their first positions: the rates are unconditional, so a prefix stays one profile."""
+    args = list(server_args)
+    try:
+        i = args.index("--speculative-config")
+    except ValueError:
+        raise ValueError("synthetic acceptance needs a drafter: the profile has none") from None
+    spec = json.loads(args[i + 1])
+    k = int(spec.get("num_speculative_tokens", 0))
+    if len(rates) < k:
+        raise ValueError(f"{len(rates)} acceptance rates for a drafter of depth {k}: give one per position")
+    spec.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=rates[:k])
+    args[i + 1] = json.dumps(spec, separators=(",", ":"))
+    return args
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3), "n": len(values)}
+
+
+def is_stock(s: dict) -> bool:
+    """The reference a ratio is taken against: the plugin off, Model Runner V1."""
+    return not s.get("plugin") and s.get("runner") == "v1" and "error" not in s
+
+
+def merge_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """One entry per set from ``rounds`` (each a list of set results in the same order): the rows at the
+    median of the rounds' decode tok/s, the spread of tok/s and of the within-round ratio to stock beside
+    them, and every round's own result kept under ``rounds``."""
+    merged: list[dict] = []
+    for i, first in enumerate(rounds[0]):
+        per_round = [r[i] for r in rounds]
+        ok = [s for s in per_round if "error" not in s]
+        if not ok:
+            merged.append({**per_round[-1], "rounds": per_round})
+            continue
+        out = {k: v for k, v in ok[-1].items() if k != "lossless"}
+        out.update(rounds=per_round, results=[])
+        checked = next((s["lossless"] for s in ok if "lossless" in s), None)  # re-scored in one round only
+        if checked is not None:
+            out["lossless"] = checked
+        for row in ok[-1]["results"]:
+            b = row["batch"]
+            rows = [x for s in ok for x in s["results"] if x["batch"] == b]
+            checked = next((x["lossless"] for x in rows if "lossless" in x), None)
+            rows.sort(key=lambda x: x["decode_tok_s"])
+            med = {k: v for k, v in rows[(len(rows) - 1) // 2].items() if k != "lossless"}  # a measured row
+            if checked is not None:
+                med["lossless"] = checked
+            med["decode_tok_s_spread"] = _spread([x["decode_tok_s"] for x in rows])
+            ratios = [x["vs_stock"] for x in rows if "vs_stock" in x]
+            med.pop("vs_stock", None)
+            if ratios:
+                sp = _spread(ratios)
+                med["vs_stock"], med["vs_stock_spread"] = sp["median"], sp
+            out["results"].append(med)
+        merged.append(out)
+    return merged

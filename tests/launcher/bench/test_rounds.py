@@ -1,0 +1,92 @@
+"""`radiance bench --acceptance synthetic:... --rounds N`: vLLM's synthetic rejection sampler for dummy weights,
+and rounds interleaved across sets, each ratio taken within its round, the median and the spread reported."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from launcher import engine_args
+from launcher.bench import rounds, run
+from launcher.cli import cli
+from launcher.commands._common import load
+
+PROFILE = "profiles/qwen3.5-27b-dummy-tp1.yaml"
+# the per-position rates issue 37 quotes for a published Qwen 27B MTP measurement (mean acceptance length 3.2)
+HIGH = [0.763, 0.623, 0.459, 0.396]
+
+
+def test_rates_parse_and_bad_ones_name_the_form():
+    assert rounds.parse_acceptance("synthetic:0.763,0.623,0.459,0.396") == HIGH
+    for bad, needle in [("0.7,0.6", "synthetic:R1"), ("synthetic:", "synthetic:R1"), ("synthetic:a,b", "synthetic:R1"),
+                        ("synthetic:0.5,0.7", "must not increase"), ("synthetic:1.2", r"\[0, 1\]")]:
+        with pytest.raises(ValueError, match=needle):
+            rounds.parse_acceptance(bad)
+
+
+def test_synthetic_rates_reach_the_speculative_config_and_nothing_else_changes():
+    cfg = engine_args.from_profile(load(PROFILE), platform="cuda")
+    args = rounds.with_synthetic_acceptance(cfg.server_args, HIGH)
+    i = args.index("--speculative-config")
+    spec = json.loads(args[i + 1])
+    assert spec["rejection_sample_method"] == "synthetic" and spec["synthetic_acceptance_rates"] == HIGH
+    assert spec["method"] == "mtp" and spec["num_speculative_tokens"] == 4
+    assert args[:i + 1] + args[i + 2:] == cfg.server_args[:i + 1] + cfg.server_args[i + 2:]
+    # a shallower drafter gets the first positions: the rates are unconditional
+    two = rounds.with_synthetic_acceptance(["--speculative-config", '{"method":"mtp","num_speculative_tokens":2}'],
+                                           HIGH)
+    assert json.loads(two[1])["synthetic_acceptance_rates"] == HIGH[:2]
+    with pytest.raises(ValueError, match="one per position"):
+        rounds.with_synthetic_acceptance(cfg.server_args, HIGH[:3])
+    with pytest.raises(ValueError, match="needs a drafter"):
+        rounds.with_synthetic_acceptance(["--model", "x"], HIGH)
+
+
+def _set(name, plugin, toks, error=False):
+    if error:
+        return {"set": name, "plugin": plugin, "runner": "v1", "error": "engine died"}
+    return {"set": name, "plugin": plugin, "runner": "v1",
+            "results": [{"batch": b, "decode_tok_s": t} for b, t in toks.items()]}
+
+
+def test_ratios_are_taken_within_a_round_and_the_median_row_is_a_measured_one():
+    # the machine is 20% faster in round 2: within-round ratios stay 1.10, cross-round ones would not
+    done = [[_set("stock", False, {1: 100.0, 8: 500.0}), _set("all", True, {1: 110.0, 8: 550.0})],
+            [_set("stock", False, {1: 120.0, 8: 600.0}), _set("all", True, {1: 132.0, 8: 660.0})],
+            [_set("stock", False, {1: 110.0, 8: 550.0}), _set("all", True, {1: 110.0, 8: 605.0})]]
+    for r in done:
+        run.compare(r)
+    merged = rounds.merge_rounds(done)
+    all_b1 = next(r for r in merged[1]["results"] if r["batch"] == 1)
+    assert all_b1["decode_tok_s"] == 110.0  # median of 110, 132, 110
+    assert all_b1["decode_tok_s_spread"] == {"median": 110.0, "min": 110.0, "max": 132.0, "n": 3}
+    assert all_b1["vs_stock"] == 1.1 and all_b1["vs_stock_spread"]["min"] == 1.0
+    assert all_b1["vs_stock_spread"]["max"] == 1.1 and len(merged[1]["rounds"]) == 3
+    stock_b8 = next(r for r in merged[0]["results"] if r["batch"] == 8)
+    assert stock_b8["vs_stock"] == 1.0 and stock_b8["decode_tok_s_spread"]["n"] == 3
+
+
+def test_a_round_whose_engine_failed_is_left_out_of_that_sets_median():
+    done = [[_set("stock", False, {1: 100.0}), _set("all", True, {1: 90.0})],
+            [_set("stock", False, {1: 100.0}), _set("all", True, {}, error=True)]]
+    for r in done:
+        run.compare(r)
+    merged = rounds.merge_rounds(done)
+    assert merged[1]["results"][0]["decode_tok_s_spread"]["n"] == 1
+    assert merged[1]["results"][0]["vs_stock"] == 0.9
+
+
+@pytest.mark.parametrize("raw,needle", [("synthetic:0.9,0.8", "one rate per position"),
+                                        ("0.9", "synthetic:R1")])
+def test_bad_acceptance_is_a_usage_error_before_any_engine(raw, needle):
+    res = CliRunner().invoke(cli, ["bench", PROFILE, "--platform", "cuda", "--acceptance", raw])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output
+
+
+def test_synthetic_acceptance_is_refused_on_cpu_where_vllm_asserts_it_away():
+    # measured: vLLM 0.32 CPU's sampler fails the engine's first step ("Synthetic acceptance not supported
+    # with CPU sampling")
+    res = CliRunner().invoke(cli, ["bench", "profiles/tiny-cpu.yaml", "--platform", "cpu",
+                                   "--acceptance", "synthetic:0.9,0.5"])
+    assert res.exit_code == 2, res.output
+    assert "GPUs only" in res.output
