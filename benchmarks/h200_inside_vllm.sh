@@ -33,19 +33,19 @@ case "$step" in
     # so that the planted engine reuses stock's compiled graphs; the planted run keeps the call's last 120 s.
     sets=${3:-stock,no-int4_head}
     LIMIT=$(( ${PLANTED:-1} != 0 ? 445 - SECONDS : 565 - SECONDS )) bench profiles/tiny-gpu.yaml --sets "$sets" --batch 1,8,32 \
-      --max-tokens 128 --repeat 3 "${@:4}" --out "$OUT/tiny-${sets//[,@+]/_}.json"
+      --max-tokens 128 --repeat 3 "${@:4}" --out "$OUT/tiny-${sets//[,@+\/]/_}.json"
     # PLANTED=0 leaves the planted run out (the call's time then goes to the timed sets: LIMIT 565).
     if [ "${PLANTED:-1}" != 0 ]; then
       LIMIT=$((565 - SECONDS)) bench profiles/tiny-gpu.yaml --sets stock --batch 8 --max-tokens 64 --lossless 8 "${@:4}" \
         --engine-env PYTHONPATH="$PWD/tests/e2e/plant_accept_all:$PYTHONPATH" --out "$OUT/planted.json"
     fi
     mkdir -p /tmp/rh/reports; for d in "$OUT"/*-logs; do [ -d "$d" ] && mv "$d" /tmp/rh/reports/; done
-    logs "tiny-${sets//[,@+]/_}"; logs planted ;;
+    logs "tiny-${sets//[,@+\/]/_}"; logs planted ;;
   big)  # Qwen3.5-27B shapes, random weights: per-step cost at fixed k (dynamic-draft off) and with all on, V2 stock.
     # The report is rewritten after each set, straight into $OUT: a call that runs out keeps what it measured.
     sets=${3:-stock,only-int4_head,no-dynamic_draft,all,stock@v2}
     bench profiles/qwen3.5-27b-dummy-tp1.yaml --sets "$sets" --batch 1,8,32 --max-tokens 64 --repeat 3 \
-      --lossless none "${@:4}" --out "$OUT/big-${sets//[,@+]/_}.json"
+      --lossless none "${@:4}" --out "$OUT/big-${sets//[,@+\/]/_}.json"
     mkdir -p /tmp/rh/reports; for d in "$OUT"/big-*-logs; do [ -d "$d" ] && mv "$d" /tmp/rh/reports/; done; logs big ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac

@@ -143,7 +143,7 @@ def radiance_env(profile: Profile) -> dict[str, str]:
 
 def needs_runner_v1(profile: Profile) -> bool:
     """vLLM 0.32 runs Model Runner V2 by default on GPUs, and V2 has its own speculators: dynamic-draft
-    hooks V1's proposer, and V2 loads a drafter itself (``load_eagle_model``, ``load_dflash_model``), outside
+    declines there (its depth policy was measured on V1 only), and V2 loads a drafter itself (``load_eagle_model``, ``load_dflash_model``), outside
     the bracket by which w4-drafter finds the drafter's weights and int4-head leaves them alone
     (radiance/w4/scope.py). So a profile with a drafter and any of the three gets V1, the runner they were
     measured on (at Qwen3.5-27B's shapes stock V2 and V1 step within 1-3% of each other; docs/benchmarks.md)."""

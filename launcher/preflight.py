@@ -240,6 +240,9 @@ def explain_features(profile: Profile, facts: feature_table.ModelFacts, archs: l
         v = FeatureVerdict(feat.name, requested, applies, reason, feat.side)
         for arch in archs:
             results, why = aot.get(arch, (None, "not checked"))
+            if not feat.kernels:
+                v.kernels[arch] = "no kernels: host-side"
+                continue
             if results is None:
                 v.kernels[arch] = why
                 continue

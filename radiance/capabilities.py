@@ -53,6 +53,8 @@ def feature_report(feature: str, module: str, version: str | None, arch: str, ao
             return {**out, "available": False, "reason": f"{patch.name}: {problem}", "backend": None}
     if arch == "cpu":
         return {**out, "available": True, "backend": "reference", "reason": "PyTorch reference kernels (CPU)"}
+    if not BY_NAME[feature].kernels:
+        return {**out, "available": True, "backend": None, "reason": "no kernels: host-side"}
     if aot_results is not None:
         tag = BY_NAME[feature].kernels
         mine = [r for r in aot_results if r.get("feature") == tag]

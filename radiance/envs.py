@@ -128,19 +128,11 @@ _KNOBS = (
     *(_switch(f) for f in features.FEATURES),
     # --- dynamic-draft -----------------------------------------------------------------
     Knob("RADIANCE_DRAFT_TAU", repr(features.DRAFT_TAU), _parse_float,
-         "Keep drafting while the running product of top-1 draft confidences stays >= tau.",
-         check=_unit_interval, engine=True),
+         "Never draft a position whose estimated acceptance is below tau (a floor under the measured "
+         "choice; 0 leaves the depth to the measurement alone).", check=_unit_interval, engine=True),
     Knob("RADIANCE_DRAFT_SCHEDULE", features.DRAFT_SCHEDULE, parse_schedule,
-         "Batch-size schedule 'bs:max_depth,...' capping serial MTP forwards (carry-forward); "
-         "empty disables the cap.", engine=True),
-    Knob("RADIANCE_DRAFT_LOCAL_VOCAB", "1", parse_bool,
-         "At TP>1, take each draft token and its confidence from the vocabulary shards (three floats "
-         "per row exchanged); 0 gathers the full logit rows as stock MTP does (same tokens).", engine=True),
-    Knob("RADIANCE_DRAFT_LOOKAHEAD", "auto", _parse_str,
-         "Decide draft slot j while slot j+1's forward already runs (its token and confidence copied "
-         "to the host asynchronously; a stop drops the slot that ran ahead). auto: on for GPU "
-         "tensors, off on CPU (copies there are synchronous: nothing to overlap); 1/0 force it (the "
-         "CPU tests force it on to check it is lossless).", choices=("auto", "1", "0"), engine=True),
+         "Batch-size schedule 'bs:max_depth,...' capping the draft depth (carry-forward); empty "
+         "disables the cap.", engine=True),
     # --- w4-drafter / int4-head: the 4-bit quantiser ----------------------------------
     Knob("RADIANCE_W4_GROUP_SIZE", str(features.W4_GROUP_SIZE), _parse_int,
          "Group size along K of the 4-bit quantiser.", check=_positive, engine=True),

@@ -3,8 +3,10 @@
 A set is written as one word: ``stock`` (the plugin off: vLLM as released), ``all`` (the features the
 profile turns on), ``no-FEATURE`` (all of them but one), ``only-FEATURE``, or ``a+b`` (exactly these).
 A suffix ``@v1`` / ``@v2`` picks vLLM's model runner; without one a set runs on V1 where the plugin
-forces it (dynamic-draft hooks V1's proposer) and, so that the comparison is like for like, the stock
-set does too on a GPU; ``stock@v2`` is vLLM's own default there.
+forces it (engine_args.needs_runner_v1) and, so that the comparison is like for like, the stock set does
+too on a GPU; ``stock@v2`` is vLLM's own default there. A last suffix ``/kN`` runs the set with N draft
+tokens instead of the profile's ``drafter.num_speculative_tokens`` (``stock/k2``: the best fixed depth is
+found by measuring each).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class FeatureSet:
     features: tuple[str, ...]      # on, in the feature table's order
     plugin: bool                   # False: RADIANCE_ENABLE=0, vLLM runs as released
     runner: str                    # "v1" | "v2"
+    depth: int | None = None       # num_speculative_tokens instead of the profile's
 
 
 def _ordered(names: set[str]) -> tuple[str, ...]:
@@ -36,8 +39,16 @@ def _feature(word: str, name: str, spec: str) -> str:
     return name
 
 
+def _depth(word: str, text: str, spec: str) -> int:
+    if not (text.startswith("k") and text[1:].isdigit() and 1 <= int(text[1:]) <= 16):
+        raise UsageError(f"--sets {spec}: {word!r}: depth {text!r} — fix: /k1 ... /k16 (draft tokens)")
+    return int(text[1:])
+
+
 def parse_one(word: str, enabled: tuple[str, ...], platform: str, spec: str) -> FeatureSet:
-    base, _, runner = word.partition("@")
+    head, slash, depth_text = word.partition("/")
+    depth = _depth(word, depth_text, spec) if slash else None
+    base, _, runner = head.partition("@")
     if runner and runner not in RUNNERS:
         raise UsageError(f"--sets {spec}: {word!r}: runner {runner!r} — fix: @v1 or @v2")
     if base == "stock":
@@ -60,9 +71,9 @@ def parse_one(word: str, enabled: tuple[str, ...], platform: str, spec: str) -> 
         raise UsageError(f"--sets {spec}: {word!r}: Model Runner V2 needs Triton, which vLLM's CPU build "
                          "lacks — fix: drop @v2 on a CPU")
     if runner == "v2" and "dynamic_draft" in on:
-        raise UsageError(f"--sets {spec}: {word!r}: dynamic-draft hooks Model Runner V1's proposer — fix: "
-                         "@v1, or a set without dynamic_draft")
-    return FeatureSet(name=word, features=_ordered(on), plugin=base != "stock", runner=runner)
+        raise UsageError(f"--sets {spec}: {word!r}: dynamic-draft declines on Model Runner V2 (not measured "
+                         "there) — fix: @v1, or a set without dynamic_draft")
+    return FeatureSet(name=word, features=_ordered(on), plugin=base != "stock", runner=runner, depth=depth)
 
 
 def default_sets(profile: Profile, platform: str) -> str:
@@ -86,6 +97,17 @@ def parse(spec: str, profile: Profile, platform: str) -> list[FeatureSet]:
             raise UsageError(f"--sets {spec}: {s.name!r} twice — fix: name each set once")
         seen.add(s.name)
     return sets
+
+
+def for_set(profile: Profile, fs: FeatureSet) -> Profile:
+    """The profile as the set runs it: its features, and its draft depth where the set names one."""
+    p = with_features(profile, fs.features)
+    if fs.depth is None:
+        return p
+    if p.drafter.type == "none":
+        raise UsageError(f"--sets: {fs.name!r} names a draft depth, but the profile has no drafter — fix: drop "
+                         f"/k{fs.depth}")
+    return p.model_copy(update={"drafter": p.drafter.model_copy(update={"num_speculative_tokens": fs.depth})})
 
 
 def with_features(profile: Profile, on: tuple[str, ...]) -> Profile:

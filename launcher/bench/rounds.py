@@ -54,8 +54,8 @@ def _spread(values: list[float]) -> dict:
 
 
 def is_stock(s: dict) -> bool:
-    """The reference a ratio is taken against: the plugin off, Model Runner V1."""
-    return not s.get("plugin") and s.get("runner") == "v1" and "error" not in s
+    """The reference a ratio is taken against: the plugin off, Model Runner V1, the profile's draft depth."""
+    return not s.get("plugin") and s.get("runner") == "v1" and not s.get("depth_override") and "error" not in s
 
 
 def merge_rounds(rounds: list[list[dict]]) -> list[dict]:

@@ -60,7 +60,7 @@ def engine_env(fs: plan.FeatureSet, cfg_env: dict[str, str], platform: str) -> d
 
 def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path,
             log_suffix: str = "") -> dict:
-    p = plan.with_features(profile, fs.features)
+    p = plan.for_set(profile, fs)
     cfg = engine_args.from_profile(p, platform=platform)
     server_args = cfg.server_args
     if opts.acceptance is not None:
@@ -74,7 +74,7 @@ def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
            "prompt_tokens": opts.prompt_tokens, "repeat": opts.repeat, "eps": opts.eps,
            "lossless_batches": opts.lossless_batches, "prompts": prompt_texts(max(opts.batches))}
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{fs.name.replace('@', '-').replace('+', '_')}{log_suffix}.log"
+    log_path = log_dir / f"{fs.name.replace('@', '-').replace('+', '_').replace('/', '-')}{log_suffix}.log"
     with tempfile.TemporaryDirectory(prefix="radiance-bench-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job))
@@ -96,7 +96,9 @@ def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
                 LocalEngine().stop(EngineHandle(runtime="local", ident=str(proc.pid), spec=None), timeout=20.0)
         result = json.loads(out_path.read_text()) if out_path.exists() else {
             "set": fs.name, "error": f"no result after {time.monotonic() - t0:.0f} s (timeout {opts.timeout_s:.0f} s)"}
-    result.update(features=list(fs.features), plugin=fs.plugin, runner=fs.runner, log=str(log_path),
+    result.update(features=list(fs.features), plugin=fs.plugin, runner=fs.runner, depth=p.drafter.num_speculative_tokens,
+                  depth_override=fs.depth is not None,
+                  log=str(log_path),
                   knobs={k: v for k, v in sorted(env.items())
                          if k.startswith("RADIANCE_") or k == "VLLM_USE_V2_MODEL_RUNNER"})
     if "error" in result:

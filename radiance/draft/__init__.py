@@ -1,8 +1,7 @@
-"""dynamic-draft: a per-request, per-slot MTP draft-depth controller.
+"""dynamic-draft: each step's MTP draft depth chosen on the host by vLLM's scheduler, from what finished
+steps measured.
 
-``controller`` is the pure decision logic (no torch, no vLLM), ``context_mirror`` keeps each
-request's tokens on the device for the n-gram matcher, ``local_vocab`` samples the draft token
-and its confidence from vocabulary shards at TP>1, ``telemetry`` counts what the controller did,
-and ``patch_proposer`` hooks all of it into vLLM's proposer: per step (``step_control``), per
-draft slot (``slot_capture``), across TP ranks (``tp_exchange``), one slot ahead (``lookahead``).
+``acceptance`` estimates how often each draft position is accepted, ``depth_policy`` picks the depth that
+has been making the most tokens per second at the step's batch size, ``telemetry`` counts what it chose,
+and ``patch_scheduler`` puts the policy where vLLM's scheduler looks up a step's depth.
 """

@@ -5,7 +5,7 @@ from radiance import envs
 
 def test_defaults_parse_without_environment():
     env = {}
-    assert envs.get("RADIANCE_DRAFT_TAU", env) == pytest.approx(0.28)
+    assert envs.get("RADIANCE_DRAFT_TAU", env) == pytest.approx(0.1)
     assert envs.get("RADIANCE_DRAFT_SCHEDULE", env) == ((1, 8), (2, 7), (4, 6), (8, 5), (16, 4))
     assert envs.get("RADIANCE_DYNAMIC_DRAFT", env) is False
     assert envs.get("RADIANCE_ENABLE", env) is True

@@ -1,6 +1,5 @@
-"""A patch that runs stock for what was loaded, or for some steps, says so: declined at load (no drafter,
-another architecture, one draft slot), partial or declined per step (dynamic-draft), through the report
-that radiance/report gathers from every rank."""
+"""A patch that runs stock for what was loaded says so: declined at load (no drafter, another
+architecture, one draft slot), through the report that radiance/report gathers from every rank."""
 from __future__ import annotations
 
 import types
@@ -26,52 +25,21 @@ def _spec(method: str, k: int = 4):
 
 
 def test_dynamic_draft_declines_at_load_for_a_drafter_it_does_not_control():
-    from radiance.draft.patch_proposer import DynamicDraftPatch
+    from radiance.draft.patch_scheduler import DynamicDraftPatch
 
-    assert "no drafter" in DynamicDraftPatch().after_load(_runner())
-    assert "the drafter is ngram, not MTP" in DynamicDraftPatch().after_load(_runner(_spec("ngram")))
-    assert "num_speculative_tokens is 1" in DynamicDraftPatch().after_load(_runner(_spec("mtp", 1)))
-    assert DynamicDraftPatch().after_load(_runner(_spec("mtp", 4))) is None
-    # vLLM's async scheduling (a GPU's default; its CPU platform turns it off, so faked here)
-    runner = _runner(_spec("mtp", 4))
-    runner.use_async_scheduling = True
-    assert "schedules asynchronously" in DynamicDraftPatch().after_load(runner)
+    def runner(spec=None, v2=False):
+        return types.SimpleNamespace(vllm_config=types.SimpleNamespace(speculative_config=spec,
+                                                                       use_v2_model_runner=v2))
 
-
-def test_dynamic_draft_per_step_declines_are_declined_then_partial():
-    from radiance.draft.controller import DraftPolicy
-    from radiance.draft.patch_proposer import DynamicDraftPatch
-
-    p = DynamicDraftPatch()
-    p.policy = DraftPolicy.from_env()
-    patching.report().record(patching.Outcome(p.name, p.feature, "applied"))
-    version = patching.report().version
-    p._decline_step("fewer than two draft slots are scheduled")
-    row = _row(p.name)
-    assert row["status"] == "declined", row  # no step controlled yet
-    assert "stock MTP for steps where fewer than two draft slots" in row["reason"]
-    p._decline_step("fewer than two draft slots are scheduled")
-    assert patching.report().version == version + 1  # said once per reason, not per step
-    drafter = types.SimpleNamespace()
-    p.start_step(drafter, 2, True, ["a"], torch.zeros((1, 3), dtype=torch.int64))
-    row = _row(p.name)
-    assert row["status"] == "partial" and "fewer than two draft slots" in row["reason"], row
-    p._decline_step(p._step_or_reason(types.SimpleNamespace(), None, 4))
-    row = _row(p.name)
-    assert row["status"] == "partial" and "the drafter is not plain MTP" in row["reason"], row
-    p.latch_off("test")
-    p._decline_step("another reason")
-    assert _row(p.name)["status"] == "failed-at-runtime"  # a latch is never overwritten
-
-
-def test_dynamic_draft_declined_at_load_stays_declined_per_step():
-    from radiance.draft.patch_proposer import DynamicDraftPatch
-
-    p = DynamicDraftPatch()
-    patching.report().record(patching.Outcome(p.name, p.feature, "declined", "the drafter is ngram, not MTP"))
-    assert p.after_load(_runner(_spec("ngram")))
-    p._decline_step("the drafter is not plain MTP")
-    assert _row(p.name)["reason"] == "the drafter is ngram, not MTP"
+    assert "no drafter" in DynamicDraftPatch().after_load(runner())
+    assert "the drafter is ngram, not MTP" in DynamicDraftPatch().after_load(runner(_spec("ngram")))
+    assert "num_speculative_tokens is 1" in DynamicDraftPatch().after_load(runner(_spec("mtp", 1)))
+    assert "Model Runner V2" in DynamicDraftPatch().after_load(runner(_spec("mtp", 4), v2=True))
+    own = _spec("mtp", 4)
+    own.num_speculative_tokens_per_batch_size = [(1, 8, 4)]
+    assert "vLLM's own" in DynamicDraftPatch().after_load(runner(own))
+    # asynchronous scheduling is no reason any more: the depth is chosen before the step
+    assert DynamicDraftPatch().after_load(runner(_spec("mtp", 4))) is None
 
 
 def test_w4_drafter_with_no_drafter_declines(monkeypatch):

@@ -1,8 +1,8 @@
 """Test-only faults, each on one TP rank, in the engine's processes (loaded through PYTHONPATH by
 tests/e2e/test_tiny_tp2.py's "fault" variant and nowhere else: the production code has no fault switch).
 
-* E2E_FAULT_RANK / E2E_FAULT_AFTER: dynamic-draft's per-slot shard reduction raises on that rank after
-  that many draft slots -- before the ranks exchange the slot's numbers, where a real kernel failure would.
+* E2E_DRAFT_FAULT_AFTER: dynamic-draft's depth policy raises after that many steps, in the engine core
+  (the one scheduler every rank follows), where a bug in the policy would.
 * E2E_FP8_FAULT_RANK / E2E_FP8_FAULT_AFTER: fp8-stream's epilogue past its all-reduce (residual add +
   RMSNorm + fp8 quant) raises on that rank after that many calls -- inside the contract, mid-forward.
 * E2E_FUSED_AR_PLANT_RANK: the fused two-rank all-reduce op returns a sum one step off in one element on
@@ -10,7 +10,7 @@ tests/e2e/test_tiny_tp2.py's "fault" variant and nowhere else: the production co
 """
 import os
 
-_DD_RANK = os.environ.get("E2E_FAULT_RANK")
+_DD_AFTER = os.environ.get("E2E_DRAFT_FAULT_AFTER")
 _FP8_RANK = os.environ.get("E2E_FP8_FAULT_RANK")
 _PLANT_RANK = os.environ.get("E2E_FUSED_AR_PLANT_RANK")
 
@@ -35,14 +35,18 @@ def _fault_after(real, rank: int, after: int, what: str):
 
 
 def _inject() -> None:
-    if _DD_RANK is not None:
-        try:
-            from radiance.draft import tp_exchange
-        except Exception:
-            pass
-        else:
-            tp_exchange.shard_stats = _fault_after(tp_exchange.shard_stats, int(_DD_RANK),
-                                                   int(os.environ.get("E2E_FAULT_AFTER", "0")), "draft slots")
+    if _DD_AFTER is not None:
+        from radiance.draft import depth_policy
+
+        real, calls = depth_policy.DepthPolicy.choose, [0]
+
+        def choose(self, batch_size):
+            calls[0] += 1
+            if calls[0] > int(_DD_AFTER):
+                raise RuntimeError(f"injected fault (test) after {_DD_AFTER} steps")
+            return real(self, batch_size)
+
+        depth_policy.DepthPolicy.choose = choose
     if _FP8_RANK is not None:
         from radiance.fp8_stream import contract
 

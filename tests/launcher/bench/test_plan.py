@@ -27,7 +27,7 @@ def test_runner_suffix_and_its_limits():
     assert plan.parse("stock@v2", TINY, "cuda")[0].runner == "v2"
     with pytest.raises(UsageError, match="V2 needs Triton"):
         plan.parse("stock@v2", TINY, "cpu")
-    with pytest.raises(UsageError, match="dynamic-draft hooks Model Runner V1"):
+    with pytest.raises(UsageError, match="dynamic-draft declines on Model Runner V2"):
         plan.parse("all@v2", TINY, "cuda")
     with pytest.raises(UsageError, match="@v1 or @v2"):
         plan.parse("stock@v3", TINY, "cuda")
@@ -63,3 +63,19 @@ def test_stock_set_runs_vllm_as_released_and_runners_are_forced_on_gpus():
     assert engine_env(draft, {"RADIANCE_ENABLE": "1"}, "cuda")["RADIANCE_ENABLE"] == "1"
     assert engine_env(v2, {}, "cuda")["VLLM_USE_V2_MODEL_RUNNER"] == "1"
     assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_env(stock, {}, "cpu")
+
+
+def test_depth_suffix_sets_the_draft_tokens_and_is_no_stock_reference():
+    from launcher.bench import rounds
+
+    sets = plan.parse("stock,stock/k2,all@v1/k3", TINY, "cuda")
+    assert [s.depth for s in sets] == [None, 2, 3]
+    assert sets[2].runner == "v1" and "dynamic_draft" in sets[2].features
+    assert plan.for_set(TINY, sets[1]).drafter.num_speculative_tokens == 2
+    assert plan.for_set(TINY, sets[0]).drafter.num_speculative_tokens == TINY.drafter.num_speculative_tokens
+    assert not plan.for_set(TINY, sets[1]).features.enabled_names()
+    stock = {"plugin": False, "runner": "v1"}
+    assert rounds.is_stock(stock) and not rounds.is_stock({**stock, "depth_override": True})
+    for bad in ("stock/2", "stock/k0", "stock/kx", "stock/k17"):
+        with pytest.raises(UsageError, match="fix: /k1"):
+            plan.parse(bad, TINY, "cuda")

@@ -1,0 +1,175 @@
+"""Which draft depth the next step runs: the one that has been making the most tokens per second.
+
+The scheduler asks before every step (``choose(batch_size)``), on the host, from what finished steps
+already told it, so nothing waits for the GPU. Per batch-size bucket (1, 2, 3-4, 5-8, 9-16, ...) the
+policy keeps, for each candidate depth d, how many request-steps per second the engine ran at d (timed
+between consecutive finished steps that were pure decode at d). Times the tokens a request is expected
+to gain at d (``AcceptanceEstimate``), that is the throughput the depth is worth; the policy runs the
+best. Measured rather than modelled: the price of a depth includes what no model here knows, such as
+what an MTP forward costs beside the target's verification at this batch size on this GPU.
+
+A depth not yet measured in a bucket is probed: held for ``probe_steps`` steps. Every ``reprobe_every`` steps of a bucket the
+next depth other than the best is probed again, so a change of traffic or of the acceptance at deeper
+positions is seen. The seeds' tau keeps its intent: a depth whose last position is estimated to be
+accepted less often than tau is not a candidate (stop drafting where acceptance is unlikely). The
+batch-size schedule caps the depth as before.
+
+Pure host logic: no torch, no vLLM; time is passed in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .acceptance import AcceptanceEstimate
+
+PROBE_STEPS = 3
+REPROBE_EVERY = 256
+WARMUP_STEPS = 2     # steps of a bucket at the configured depth before any probe
+MIN_SAMPLES = 2      # clean steps before a depth's speed counts
+MAX_PROBES = 3       # probes of a depth that yielded no clean step before it is left out of the bucket
+EMA = 0.3            # weight of a new sample of a depth's speed
+OUTLIER = 4.0        # a gap this many times the cell's step time is an idle engine, not a step
+
+
+def bucket(batch_size: int) -> int:
+    """The smallest power of two >= batch_size."""
+    b = 1
+    while b < batch_size:
+        b <<= 1
+    return b
+
+
+def depth_cap(schedule: Sequence[tuple[int, int]], batch_size: int) -> int | None:
+    """The schedule's depth at ``batch_size``: the largest entry whose batch size is <= it (carry-forward);
+    below the first entry, the first depth. None for an empty schedule."""
+    if not schedule:
+        return None
+    depth = schedule[0][1]
+    for bs, d in schedule:
+        if batch_size >= bs:
+            depth = d
+        else:
+            break
+    return max(1, depth)
+
+
+@dataclass
+class _Speed:
+    rate: float = 0.0      # request-steps per second (EMA)
+    samples: int = 0
+
+    def add(self, rate: float) -> None:
+        self.rate = rate if self.samples == 0 else (1 - EMA) * self.rate + EMA * rate
+        self.samples += 1
+
+
+@dataclass
+class _Bucket:
+    speed: dict[int, _Speed] = field(default_factory=dict)
+    probes: dict[int, int] = field(default_factory=dict)   # depth -> probes started
+    steps: int = 0
+    probe: int | None = None
+    probe_left: int = 0
+    next_reprobe: int = REPROBE_EVERY
+    turn: int = 0                                         # round robin over the depths to re-probe
+
+
+@dataclass
+class Decision:
+    depth: int
+    probe: bool
+
+
+class DepthPolicy:
+    def __init__(self, k: int, tau: float = 0.0, schedule: Sequence[tuple[int, int]] = (),
+                 probe_steps: int = PROBE_STEPS, reprobe_every: int = REPROBE_EVERY) -> None:
+        if k < 1:
+            raise ValueError(f"num_speculative_tokens is {k}")
+        self.k = k
+        self.tau = tau
+        self.schedule = tuple(schedule)
+        self.probe_steps = probe_steps
+        self.reprobe_every = reprobe_every
+        self.acceptance = AcceptanceEstimate(k)
+        self._buckets: dict[int, _Bucket] = {}
+        self._last: tuple[float, int, int] | None = None   # (time, bucket, depth) of the last clean step
+
+    # -- the scheduler's question ----------------------------------------------------------------
+    def candidates(self, batch_size: int) -> list[int]:
+        cap = depth_cap(self.schedule, batch_size) or self.k
+        out = []
+        for d in range(1, min(cap, self.k) + 1):
+            r = self.acceptance.rate(d)
+            if d > 1 and r is not None and r < self.tau:
+                break   # deeper positions are accepted less often still
+            out.append(d)
+        return out
+
+    def choose(self, batch_size: int) -> Decision:
+        st = self._buckets.setdefault(bucket(batch_size), _Bucket(next_reprobe=self.reprobe_every))
+        st.steps += 1
+        cands = self.candidates(batch_size)
+        if st.probe in cands and st.probe_left > 0:
+            st.probe_left -= 1
+            return Decision(st.probe, True)
+        st.probe = None
+        best = self._best(st, cands)
+        if st.steps > WARMUP_STEPS:
+            todo = [d for d in reversed(cands)
+                    if not self._measured(st, d) and st.probes.get(d, 0) < MAX_PROBES and d != best]
+            if todo:
+                return self._start_probe(st, todo[0])
+            if st.steps >= st.next_reprobe:
+                st.next_reprobe = st.steps + self.reprobe_every
+                others = [d for d in cands if d != best]
+                if others:
+                    st.turn = (st.turn + 1) % len(others)
+                    return self._start_probe(st, others[st.turn])
+        return Decision(best, False)
+
+    def _start_probe(self, st: _Bucket, depth: int) -> Decision:
+        st.probes[depth] = st.probes.get(depth, 0) + 1
+        st.probe, st.probe_left = depth, self.probe_steps - 1
+        return Decision(depth, True)
+
+    def _measured(self, st: _Bucket, depth: int) -> bool:
+        s = st.speed.get(depth)
+        return s is not None and s.samples >= MIN_SAMPLES and self.acceptance.expected_tokens(depth) is not None
+
+    def _best(self, st: _Bucket, cands: list[int]) -> int:
+        scored = [(self.acceptance.expected_tokens(d) * st.speed[d].rate, d) for d in cands if self._measured(st, d)]
+        if not scored:
+            return max(cands)   # the configured depth (or the cap): what stock would run
+        return max(scored)[1]
+
+    def worth(self, batch_size: int) -> dict[int, float]:
+        """Expected tokens per second of each measured candidate at this batch size (telemetry, tests)."""
+        st = self._buckets.get(bucket(batch_size))
+        if st is None:
+            return {}
+        return {d: self.acceptance.expected_tokens(d) * st.speed[d].rate
+                for d in self.candidates(batch_size) if self._measured(st, d)}
+
+    # -- what a finished step told the scheduler -------------------------------------------------
+    def observe(self, now: float, batch_size: int, drafted: Sequence[int], accepted: Sequence[int],
+                depth: int, clean: bool) -> None:
+        """A finished step: per request the drafts it verified (those the drafter made, not the padding)
+        and how many were accepted; ``depth`` the drafts the step made for the next one; ``clean`` whether
+        every request was a plain decode (so the step's time is the price of that depth)."""
+        if drafted:
+            self.acceptance.observe(drafted, accepted)
+        b = bucket(batch_size)
+        last, self._last = self._last, (now, b, depth) if clean else None
+        if not clean or last is None or last[1] != b:
+            return
+        dt = now - last[0]
+        if dt <= 0:
+            return
+        st = self._buckets.get(b)
+        if st is None:
+            return
+        speed = st.speed.setdefault(depth, _Speed())
+        if speed.samples and dt > OUTLIER * batch_size / speed.rate:
+            return
+        speed.add(batch_size / dt)

@@ -1,0 +1,124 @@
+"""The depth policy: acceptance per position, probes, and the depth that makes the most tokens per second."""
+from __future__ import annotations
+
+import pytest
+
+from radiance.draft.acceptance import AcceptanceEstimate
+from radiance.draft.depth_policy import MIN_SAMPLES, DepthPolicy, bucket, depth_cap
+
+
+def test_acceptance_is_the_unconditional_rate_per_position():
+    est = AcceptanceEstimate(4, decay=1.0)
+    # drafts of 4: accepted 4, 2, 0, 1 -> position 1: 3/4, 2: 2/4, 3: 1/4, 4: 1/4
+    est.observe([4, 4, 4, 4], [4, 2, 0, 1])
+    assert est.rates() == [0.75, 0.5, 0.25, 0.25]
+    assert est.expected_tokens(2) == pytest.approx(2.25)
+    # a shallower draft reaches fewer positions: position 3 keeps its ratio
+    est.observe([2, 2], [2, 2])
+    assert est.rate(1) == pytest.approx(5 / 6) and est.rate(3) == 0.25
+
+
+def test_acceptance_unknown_until_reached_and_decays_towards_new_traffic():
+    est = AcceptanceEstimate(3, decay=0.5)
+    assert est.rate(1) is None and est.expected_tokens(1) is None
+    est.observe([1], [1])
+    assert est.expected_tokens(1) == 2.0 and est.expected_tokens(2) is None
+    for _ in range(20):
+        est.observe([1, 1], [0, 0])
+    assert est.rate(1) < 0.01
+
+
+def test_buckets_and_cap():
+    assert [bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 32, 33)] == [1, 2, 4, 4, 8, 8, 16, 32, 64]
+    sched = ((1, 8), (4, 6), (16, 4))
+    assert depth_cap(sched, 1) == 8 and depth_cap(sched, 5) == 6 and depth_cap(sched, 40) == 4
+    assert depth_cap((), 3) is None
+
+
+class Engine:
+    """A stand-in engine: a step drafting d costs ``cost[d]`` seconds at every batch size (the verification
+    is the same every step), and each draft position i is accepted with the given unconditional rate
+    (deterministically, as counts)."""
+
+    def __init__(self, policy: DepthPolicy, cost: dict[int, float], rates: list[float]) -> None:
+        self.policy, self.cost, self.rates = policy, cost, rates
+        self.now = 0.0
+        self.verify = policy.k    # drafts the previous step made
+        self.chosen: list[int] = []
+
+    def step(self, batch: int) -> None:
+        d = self.policy.choose(batch).depth
+        self.chosen.append(d)
+        self.now += self.cost[d]
+        v = self.verify
+        drafted, accepted = [v] * batch, []
+        for r in range(batch):
+            a = 0
+            while a < v and (r + 0.5) / batch < self.rates[a]:
+                a += 1
+            accepted.append(a)
+        self.policy.observe(self.now, batch, drafted, accepted, d, clean=True)
+        self.verify = d
+
+
+def _run(cost, rates, steps=600, batch=8, **kw):
+    eng = Engine(DepthPolicy(4, **kw), cost, rates)
+    for _ in range(steps):
+        eng.step(batch)
+    return eng
+
+
+def tokens_per_s(cost, rates, d):
+    return (1 + sum(rates[:d])) / cost[d]
+
+
+@pytest.mark.parametrize("cost,rates", [
+    # a shallower step costs more (a drafter batch shape without its graph, say): the deepest wins
+    ({1: 0.016, 2: 0.017, 3: 0.018, 4: 0.012}, [0.76, 0.62, 0.51, 0.42]),
+    # MTP forwards cost and deep positions are rarely accepted: depth 2 wins
+    ({1: 0.020, 2: 0.024, 3: 0.030, 4: 0.036}, [0.71, 0.50, 0.36, 0.26]),
+    # drafting is nearly free and acceptance high: the deepest wins
+    ({1: 0.0200, 2: 0.0205, 3: 0.0210, 4: 0.0215}, [0.9, 0.85, 0.8, 0.75]),
+])
+def test_policy_settles_on_the_best_fixed_depth_and_stays_within_3_percent(cost, rates):
+    eng = _run(cost, rates)
+    best = max(range(1, 5), key=lambda d: tokens_per_s(cost, rates, d))
+    tail = eng.chosen[100:]
+    assert max(set(tail), key=tail.count) == best
+    # what the run made against the best fixed depth over the same steps, probes included
+    made = sum(1 + sum(rates[:d]) for d in tail)
+    spent = sum(cost[d] for d in tail)
+    assert made / spent >= 0.97 * tokens_per_s(cost, rates, best)
+
+
+def test_probes_each_depth_then_reprobes_rarely():
+    eng = _run({1: 0.02, 2: 0.02, 3: 0.02, 4: 0.01}, [0.8, 0.6, 0.5, 0.4], steps=700, reprobe_every=256)
+    assert set(eng.chosen[:60]) == {1, 2, 3, 4}
+    later = eng.chosen[100:]
+    assert later.count(4) / len(later) > 0.95
+    assert set(later) != {4}   # re-probed, not frozen
+
+
+def test_tau_floor_and_schedule_cap_bound_the_candidates():
+    p = DepthPolicy(4, tau=0.3, schedule=((1, 4), (16, 2)))
+    p.acceptance.observe([4] * 10, [4, 4, 4, 2, 2, 2, 1, 1, 0, 0])   # rates .8 .6 .3 .3
+    assert p.candidates(1) == [1, 2, 3, 4]
+    p.acceptance.observe([4] * 10, [2] * 10)                          # pos 3 and 4 drop below .3
+    assert p.candidates(1) == [1, 2]
+    assert p.candidates(32) == [1, 2]
+    assert all(p.choose(32).depth <= 2 for _ in range(50))
+
+
+def test_unclean_steps_and_idle_gaps_do_not_time_a_depth():
+    p = DepthPolicy(4)
+    for i in range(10):
+        p.choose(1)
+        p.observe(float(i), 1, [4], [4], 4, clean=False)
+    assert p.worth(1) == {}
+    t = 100.0
+    for i in range(MIN_SAMPLES + 1):
+        p.observe(t + 0.01 * i, 1, [4], [4], 4, clean=True)
+    assert 4 in p.worth(1)
+    before = p.worth(1)[4]
+    p.observe(t + 500.0, 1, [4], [4], 4, clean=True)   # the engine sat idle: not a step's time
+    assert p.worth(1)[4] == pytest.approx(before)

@@ -1,0 +1,161 @@
+"""dynamic-draft's patches on vLLM's Scheduler and V1 runner: the depth left on the step, what is read
+from a finished step, the padding to the verified width, and how it fails closed. The scheduler and runner
+objects are stand-ins with the attributes vLLM 0.32 reads and writes (a real scheduler needs a KV cache
+config); real vLLM runs it in tests/e2e/test_dynamic_draft_lossless.py."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from radiance import patching
+from radiance.draft.depth_policy import DepthPolicy
+from radiance.draft.patch_runner import DEPTH_ATTR, RunnerHooks, pad_drafts, pad_probs
+from radiance.draft.patch_scheduler import POLICY_ATTR, DynamicDraftPatch
+from radiance.draft.telemetry import DraftCounters
+
+pytest.importorskip("vllm")
+
+
+def _patch() -> DynamicDraftPatch:
+    p = DynamicDraftPatch()
+    p.counters = DraftCounters()
+    return p
+
+
+def _config(k=4, method="mtp"):
+    spec = types.SimpleNamespace(method=method, num_speculative_tokens=k, num_speculative_tokens_per_batch_size=None)
+    return types.SimpleNamespace(speculative_config=spec, use_v2_model_runner=False)
+
+
+def test_attach_gives_the_scheduler_a_policy_or_declines_once():
+    p = _patch()
+    s = types.SimpleNamespace(vllm_config=_config())
+    policy = p.attach(s)
+    assert isinstance(policy, DepthPolicy) and policy.k == 4 and getattr(s, POLICY_ATTR) is policy
+    assert p.choose(policy, 8) == 4   # untimed: the configured depth
+    ngram = types.SimpleNamespace(vllm_config=_config(method="ngram"))
+    assert p.attach(ngram) is False and getattr(ngram, POLICY_ATTR) is False
+
+
+def _outputs(drafts: dict[str, int], accepted: dict[str, int], made: int, extra_prefill: bool = False):
+    scheduled = {r: n + 1 for r, n in drafts.items()}
+    if extra_prefill:
+        scheduled["new"] = 17
+    so = types.SimpleNamespace(num_scheduled_tokens=scheduled, num_spec_tokens_to_schedule=4,
+                               scheduled_spec_decode_tokens={r: [-1] * n for r, n in drafts.items()})
+    setattr(so, DEPTH_ATTR, made)
+    ids = list(scheduled)
+    mro = types.SimpleNamespace(req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=[[7] * (accepted.get(r, 0) + 1) for r in ids])
+    return so, mro
+
+
+def test_observe_counts_only_drafted_positions_and_times_only_plain_decode_steps():
+    p = _patch()
+    policy = p.attach(types.SimpleNamespace(vllm_config=_config()))
+    so, mro = _outputs({"a": 4, "b": 4}, {"a": 4, "b": 1}, made=2)
+    p.observe(policy, so, mro)            # verified 4 drafted (the first step's k)
+    assert policy.acceptance.rates() == [1.0, 0.5, 0.5, 0.5]
+    so, mro = _outputs({"a": 4, "b": 4}, {"a": 4, "b": 4}, made=2)
+    p.observe(policy, so, mro)            # verified 2 drafted + 2 padding: the padding's acceptance is not MTP's
+    assert policy.acceptance.rate(3) == pytest.approx(0.5 * 0.99 / 0.99)
+    policy.choose(2)
+    for _ in range(3):
+        p.observe(policy, so, mro)
+    assert 2 in policy.worth(2)
+    mixed = _patch()
+    mp = mixed.attach(types.SimpleNamespace(vllm_config=_config()))
+    mp.choose(3)
+    so, mro = _outputs({"a": 4, "b": 4}, {"a": 4, "b": 1}, made=4, extra_prefill=True)
+    for _ in range(5):
+        mixed.observe(mp, so, mro)
+    assert mp.worth(3) == {} and mp.acceptance.rate(1) == 1.0   # counted, never timed
+
+
+def test_a_policy_that_raises_latches_off_and_every_later_step_runs_the_configured_depth():
+    p = _patch()
+
+    class Broken(DepthPolicy):
+        def choose(self, batch_size):
+            raise ValueError("boom")
+
+    try:
+        assert p.choose(Broken(4), 3) == 4 and p.latched_off and "boom" in p.latch_reason
+        assert p.choose(Broken(4), 3) == 4
+        assert p.counters.snapshot()["fallback_steps"] == 2
+        # the engine core's verdict replaces the workers' row for every rank, in the workers' own payload
+        payload = {"ranks": {"0": [{"patch": p.name, "feature": "dynamic_draft", "status": "applied",
+                                    "reason": ""}], "1": []}}
+        out = p.outgoing(payload)
+        assert out is not None and "ranks" not in out
+        assert payload["ranks"]["0"][0]["status"] == "failed-at-runtime"
+    finally:
+        patching.report().outcomes.pop(p.name, None)
+
+
+def test_outgoing_sends_the_latch_row_when_no_worker_report_passes():
+    p = DynamicDraftPatch()
+    p._ranks = {"0": [{"patch": p.name, "feature": "dynamic_draft", "status": "applied", "reason": ""}],
+                "1": [{"patch": p.name, "feature": "dynamic_draft", "status": "applied", "reason": ""}]}
+    assert p.outgoing(None) is None
+    p.latched_off, p.latch_reason = True, "depth policy: ValueError: boom"
+    out = p.outgoing(None)
+    rows = [r for rows in out["ranks"].values() for r in rows]
+    assert [r["status"] for r in rows] == ["failed-at-runtime"] * 2 and "boom" in rows[0]["reason"]
+    assert p.outgoing(None) is None   # once
+
+
+def test_padding_repeats_the_last_draft_and_makes_its_proposal_certain():
+    t = torch.tensor([[5, 6], [7, 8]])
+    assert pad_drafts(t, 4).tolist() == [[5, 6, 6, 6], [7, 8, 8, 8]]
+    assert pad_drafts([[1], [], [2, 3, 4, 5]], 4) == [[1, 1, 1, 1], [], [2, 3, 4, 5]]
+    probs = torch.full((2, 2, 10), 0.1)
+    padded = pad_probs(probs, pad_drafts(t, 4), 4)
+    assert padded.shape == (2, 4, 10) and torch.equal(padded[:, :2], probs)
+    assert padded[0, 2, 6] == 1.0 and padded[1, 3, 8] == 1.0 and padded[:, 2:].sum() == 4.0
+
+
+class _Runner:
+    """The two things the hook touches on vLLM's runner: its proposal call and draft probabilities."""
+
+    def __init__(self, patch, fail_at_depth=None):
+        self._radiance_draft = patch
+        self._draft_probs = None
+        self.asked: list[int] = []
+        self.fail_at_depth = fail_at_depth
+
+    def _orig_propose_draft_token_ids(self, scheduler_output, *args):
+        n = scheduler_output.num_spec_tokens_to_schedule
+        self.asked.append(n)
+        if n == self.fail_at_depth:
+            raise RuntimeError("proposer broke")
+        return torch.arange(2 * n).view(2, n)
+
+    propose_draft_token_ids = RunnerHooks.propose_draft_token_ids
+
+
+def test_runner_drafts_the_chosen_depth_then_pads_to_k():
+    p = _patch()
+    r = _Runner(p)
+    so = types.SimpleNamespace(num_spec_tokens_to_schedule=4)
+    setattr(so, DEPTH_ATTR, 2)
+    out = r.propose_draft_token_ids(so)
+    assert r.asked == [2] and out.shape == (2, 4) and out[:, 2:].eq(out[:, 1:2]).all()
+    assert so.num_spec_tokens_to_schedule == 4   # the step's own record is left as vLLM made it
+    delattr(so, DEPTH_ATTR)
+    assert r.propose_draft_token_ids(so).shape == (2, 4) and r.asked[-1] == 4   # no depth: stock
+
+
+def test_a_proposer_failing_at_the_shallower_depth_latches_off_and_drafts_k():
+    p = _patch()
+    r = _Runner(p, fail_at_depth=1)
+    so = types.SimpleNamespace(num_spec_tokens_to_schedule=4)
+    setattr(so, DEPTH_ATTR, 1)
+    try:
+        out = r.propose_draft_token_ids(so)
+        assert r.asked == [1, 4] and out.shape == (2, 4) and p.latched_off and "proposer broke" in p.latch_reason
+        assert r.propose_draft_token_ids(so).shape == (2, 4) and r.asked[-1] == 4
+    finally:
+        patching.report().outcomes.pop(p.name, None)
