@@ -17,6 +17,8 @@ from radiance.features import FEATURES
 
 from . import paths
 from .engine_link import KEY_ENV
+from . import hardware
+from .hardware import arch_defaults
 from .profile import BUILTIN_PREFIX, Profile
 
 # Secrets the engine may need (gated hub models); passed through, never logged or reported.
@@ -52,20 +54,45 @@ def process_env(env: dict[str, str], secret_env: dict[str, str],
 
 def from_profile(profile: Profile, *, platform: str, uds: str | None = None, host: str = "127.0.0.1",
                  port: int = 8000, engine_key: str | None = None, cache_dir: Path | None = None,
-                 repo_root: Path | None = None, environ: dict[str, str] | None = None) -> EngineConfig:
+                 repo_root: Path | None = None, environ: dict[str, str] | None = None,
+                 arch: str | None = None) -> EngineConfig:
     """The profile as the engine's command and environment: its model and drafter found (a builtin model
     generated on first use), then ``build``. ``repo_root``: where ``builtin:`` checkpoints live
-    (default: this checkout's)."""
+    (default: this checkout's). ``arch``: the GPU arch the engine runs on (default: ``engine_arch``)."""
     from . import paths
 
+    if arch is None:
+        arch = engine_arch(platform, environ)
     cache_dir = paths.cache_home() if cache_dir is None else cache_dir
     repo_root = paths.REPO_ROOT if repo_root is None else repo_root
     model_arg, model_dir = resolve_model(profile, cache_dir, repo_root)
     drafter_arg, drafter_dir = resolve_drafter(profile, cache_dir, repo_root)
     cfg = build(profile, platform=platform, model_arg=model_arg, model_dir=model_dir, host=host, port=port,
-                uds=uds, engine_key=engine_key, environ=environ, drafter_arg=drafter_arg)
+                uds=uds, engine_key=engine_key, environ=environ, drafter_arg=drafter_arg, arch=arch)
     cfg.extra_dirs = (drafter_dir,) if drafter_dir else ()
     return cfg
+
+
+def engine_arch(platform: str, environ: dict[str, str] | None = None,
+                report: "hardware.HardwareReport | None" = None) -> str | None:
+    """The GPU arch an engine of ``platform`` runs on: the first GPU it will see here (a probe, or
+    ``report``; inside a container, the container's), else the arch the platform's image is built for
+    (what `radiance check` assumes on a machine without that GPU); None on the CPU."""
+    from .images import DEFAULT_GPU_ARCH
+
+    if platform not in DEFAULT_GPU_ARCH:
+        return None
+    return hardware.engine_arch(platform, environ, report) or DEFAULT_GPU_ARCH[platform]
+
+
+def arch_settings(profile: Profile, arch: str | None,
+                  environ: dict[str, str] | None = None) -> list[arch_defaults.Resolved]:
+    """The arch table's defaults (launcher.hardware.arch_defaults) for this profile on ``arch``, each with
+    who decides it: the profile's own env or vllm_args line wins, then the launcher's environment."""
+    if not arch:
+        return []
+    environ = os.environ if environ is None else environ
+    return arch_defaults.resolve(arch, profile.parallel.tp, profile.env, profile.vllm_args, environ)
 
 
 def resolve_model(profile: Profile, cache_dir: Path, repo_root: Path) -> tuple[str, Path | None]:
@@ -165,10 +192,15 @@ def triton_cache_dir(environ: dict[str, str]) -> str:
 
 def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | None,
           host: str = "127.0.0.1", port: int = 8000, uds: str | None = None, engine_key: str | None = None,
-          environ: dict[str, str] | None = None, drafter_arg: str | None = None) -> EngineConfig:
+          environ: dict[str, str] | None = None, drafter_arg: str | None = None,
+          arch: str | None = None) -> EngineConfig:
     """``uds``: serve on this Unix socket instead of host:port; ``engine_key``: the deployment's engine
-    key (launcher.engine_link), passed as VLLM_API_KEY among the secrets, never as an argument."""
+    key (launcher.engine_link), passed as VLLM_API_KEY among the secrets, never as an argument.
+    ``arch``: the GPU arch the engine runs on; its defaults (``arch_settings``) are added where the
+    profile does not set the same name."""
     environ = os.environ if environ is None else environ
+    table_env, table_args = arch_defaults.to_apply(
+        arch_settings(profile, arch, environ) if platform in ("rocm", "cuda") else [])
     m, p = profile.model, profile.parallel
     listen = ["--uds", uds] if uds else ["--host", host, "--port", str(port)]
     args = ["--model", model_arg, "--served-model-name", profile.served_name(), *listen,
@@ -191,8 +223,10 @@ def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | 
         if platform == "cpu":
             args.append("--no-enable-prefix-caching")  # MTP on CPU requires it off (vLLM 0.32)
     args += render_vllm_args(profile.vllm_args)
+    args += render_vllm_args(table_args)
 
-    env = dict(profile.env)
+    env = dict(table_env)
+    env.update(profile.env)
     env.update(radiance_env(profile))
     if platform in ("rocm", "cuda"):
         if needs_runner_v1(profile):

@@ -54,6 +54,11 @@ class PreflightReport:
     capabilities: dict | None = None
     model: dict = field(default_factory=dict)
     features: list[FeatureVerdict] = field(default_factory=list)
+    # The GPU arch the engine runs on (launcher.engine_args.engine_arch) and what the arch table
+    # (launcher.hardware.arch_defaults) sets and detects there, each row with its source.
+    arch: str | None = None
+    arch_defaults: list[dict] = field(default_factory=list)
+    arch_traps: list[dict] = field(default_factory=list)
 
     @property
     def compatible(self) -> bool:
@@ -289,6 +294,29 @@ def runner_finding(profile: Profile) -> tuple[str, str]:
                   "within 1-3%)")
 
 
+def arch_findings(rep: PreflightReport, profile: Profile, hw: "hardware.HardwareReport", platform: str,
+                  environ: dict[str, str]) -> None:
+    """One row per default the arch table gives this engine (who decides it, why, the source) and per
+    known trap its layout meets (warn, with the fix; ok where the fix is already set)."""
+    from .engine_args import arch_settings, engine_arch
+    from .hardware import arch_defaults
+
+    arch = engine_arch(platform, environ, hw)
+    if arch is None:
+        return
+    rep.arch = arch
+    here = any(g.arch == arch for g in hw.gpus if hw.platform == platform)
+    where = "" if here else f" [no {platform} GPU here: {arch} is the arch the {platform} image is built for]"
+    for r in arch_settings(profile, arch, environ):
+        rep.arch_defaults.append(r.to_dict())
+        rep.add(f"{arch} default", "ok", r.describe() + where)
+    gpus = profile.parallel.tp * profile.parallel.pp
+    for t in arch_defaults.detect_traps(arch, gpus, profile.env, environ):
+        rep.arch_traps.append(t.to_dict())
+        rep.add(f"{arch} trap", "ok" if t.avoided else "warn",
+                f"{t.trap.name} at {gpus} GPUs: {t.describe()}{where}")
+
+
 def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool = True,
            root: Path = Path("/"), kernels: bool | None = None, archs: tuple[str, ...] = ()) -> PreflightReport:
     """``capabilities``: read the engine's capability table (local runtime) and compile the
@@ -312,6 +340,7 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
         rep.add("engine", "warn", "fp8 quantization on CPU runs through reference kernels (slow)")
     if platform in ("rocm", "cuda"):
         rep.add("runner", *runner_finding(profile))
+        arch_findings(rep, profile, hw, platform, dict(os.environ))
 
     caps = None
     if runtime == "local":

@@ -1,4 +1,5 @@
-"""Is a pid from state.json still the process we started? (Linux /proc; elsewhere: kill(0) only.)
+"""Is a pid from state.json still the process we started? (Linux /proc; elsewhere: kill(0) only.) And the
+process-tree care every engine starter shares (``become_subreaper``, ``leash``).
 
 A pid outlives its process in two ways that matter to `radiance down`: as a zombie its parent has
 not reaped yet (a Python harness that started `radiance up` and is waiting on something else), and
@@ -84,5 +85,18 @@ def _watch(pid: int, started: int, pgid: int) -> None:
         pass
 
 
+def become_subreaper() -> None:
+    """Linux: orphans of the engine (a worker whose parent, the engine core, went first) become our
+    children instead of init's, so their starter (LocalEngine.stop, `radiance bench`) reaps them and none
+    lingers as a zombie where init does not reap (containers without an init, sandboxes)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
 if __name__ == "__main__":
     _watch(*(int(a) for a in sys.argv[1:4]))
+

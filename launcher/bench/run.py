@@ -16,12 +16,13 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .. import console, engine_args, paths
+from .. import console, engine_args, paths, procs
 from ..profile import Profile
 from ..runtime.base import EngineHandle
-from ..runtime.local import LocalEngine, _become_subreaper
+from ..runtime.local import LocalEngine
 from . import plan, rounds
 from .lossless import DEFAULT_EPS
+
 
 def prompt_texts(n: int) -> list[str]:
     """The gate's acceptance prompts (code, JSON, prose), then GSM8K test questions: n distinct texts."""
@@ -78,7 +79,7 @@ def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
     with tempfile.TemporaryDirectory(prefix="radiance-bench-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job))
-        _become_subreaper()
+        procs.become_subreaper()
         t0 = time.monotonic()
         with open(log_path, "wb") as log:
             log.write(f"[radiance] bench set {fs.name}: {cfg.redacted_command()}\n".encode())

@@ -1,4 +1,4 @@
-"""Pieces every subcommand shares: loading a profile into a one-line error, knob checks."""
+"""Pieces every subcommand shares: loading a profile into a one-line error, knob checks, picking a deployment."""
 from __future__ import annotations
 
 import click
@@ -7,6 +7,7 @@ from radiance import envs
 
 from .. import errors
 from ..profile import Profile, ProfileError, load_profile
+from ..state import DeploymentState, all_deployments
 
 PROFILE_ARG = click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False),
                              envvar="RADIANCE_PROFILE")
@@ -43,3 +44,28 @@ def runnable_here(profile: Profile, profile_path: str, runtime: str | None = Non
         raise errors.LauncherError(f"{profile.name} cannot run here (see `radiance check {profile_path}`)",
                                    errors.INCOMPATIBLE)
     return rep
+
+
+def pick_deployment(name: str | None, live_only: bool = False) -> DeploymentState:
+    """The deployment NAME, or with no name the one that is running. ``live_only``: a stopped one will not
+    do (the command needs its endpoint)."""
+    if name:
+        st = DeploymentState.load(name)
+        if st is None:
+            raise errors.UsageError(f"no deployment named {name!r} — fix: `radiance status` lists them")
+        return st
+    states = all_deployments()
+    if not states:
+        raise errors.UsageError("no deployments — fix: `radiance up PROFILE` first")
+    # A bare command means the deployment that is running; stopped ones only count when nothing runs.
+    live = [s for s in states if s.phase != "stopped" and s.supervisor_alive()]
+    if len(live) == 1:
+        return live[0]
+    if not live and live_only:
+        raise errors.UsageError("no deployment is running — fix: `radiance up PROFILE` first, or name a "
+                                "profile and an endpoint (PROFILE --url URL)")
+    if not live and len(states) == 1:
+        return states[0]
+    among = live or states
+    raise errors.UsageError(f"{len(among)} {'running ' if live else ''}deployments — fix: name one: "
+                            + ", ".join(s.name for s in among))

@@ -10,7 +10,7 @@ import click
 from .. import console, errors
 from ..runtime import runtime_class
 from ..state import all_deployments, engine_stop_timeout
-from .logs import _pick
+from ._common import pick_deployment
 
 
 @click.command("down")
@@ -22,7 +22,7 @@ from .logs import _pick
                    "requests in flight, as long again for the engine to exit) plus 60 s, at least 120 s.")
 def command(name: str | None, all_: bool, timeout: float | None) -> None:
     """Stop deployment NAME (the only one, when NAME is omitted)."""
-    targets = all_deployments() if all_ else [_pick(name)]
+    targets = all_deployments() if all_ else [pick_deployment(name)]
     for st in targets:
         if not st.supervisor_alive():
             # A supervisor that died (killed, machine crash) may have left its engine behind.

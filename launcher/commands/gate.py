@@ -13,8 +13,7 @@ import click
 
 from .. import console, errors, paths
 from ..state import DeploymentState
-from ._common import JSON_OPT, load, runnable_here
-from .logs import _pick
+from ._common import JSON_OPT, load, pick_deployment, runnable_here
 
 
 @click.command("gate")
@@ -55,7 +54,7 @@ def command(profile_path: str, url: str | None, api_key_env: str | None, baselin
         if record_reference:
             raise errors.UsageError("--record-reference needs PROFILE — fix: radiance gate PROFILE "
                                     "--record-reference")
-        st = _pick(profile_path, live_only=True)
+        st = pick_deployment(profile_path, live_only=True)
         profile_path, url = st.profile_path, url or st.gateway_url
         api_key_env = api_key_env or st.api_key_env
     profile = load(profile_path)

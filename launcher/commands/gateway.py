@@ -11,7 +11,7 @@ from ..errors import UsageError
 from ..runtime.external import ExternalRuntime
 from ..supervisor import UpOptions
 from ._common import PROFILE_ARG, check_knobs, load
-from .up import _run_foreground
+from .up import run_foreground
 
 
 @click.command("gateway")
@@ -43,4 +43,4 @@ def command(profile_path: str, engine_url: str, engine_key_file: str | None, hos
     profile = profile.model_copy(update={"server": server})
     opts = UpOptions(platform="external", skip_gate=skip_gate, keep_serving_unready=keep_serving_unready)
     runtime = ExternalRuntime(engine_url, engine_key)
-    sys.exit(_run_foreground(profile, profile_path, opts, runtime, quiet=True, gate_only=False))
+    sys.exit(run_foreground(profile, profile_path, opts, runtime, quiet=True, gate_only=False))

@@ -111,7 +111,7 @@ def command(ctx: click.Context, profile_path: str, runtime: str | None, replicas
 
     opts = UpOptions(platform=platform, skip_gate=skip_gate,
                      keep_serving_unready=keep_serving_unready and not gate_only)
-    code = _run_foreground(profile, profile_path, opts, rt, quiet=supervised, gate_only=gate_only)
+    code = run_foreground(profile, profile_path, opts, rt, quiet=supervised, gate_only=gate_only)
     sys.exit(code)
 
 
@@ -150,7 +150,7 @@ def _configure_logging(name: str, quiet: bool) -> None:
     root.propagate = False
 
 
-def _run_foreground(profile, profile_path: str, opts: UpOptions, runtime, *, quiet: bool, gate_only: bool) -> int:
+def run_foreground(profile, profile_path: str, opts: UpOptions, runtime, *, quiet: bool, gate_only: bool) -> int:
     _configure_logging(profile.name, quiet)
     status = None if quiet else console.err.status(f"{profile.name}: starting", spinner="dots")
 

@@ -33,6 +33,7 @@ __all__ = [
     "ProbeOutcome",
     "arch_family",
     "check",
+    "engine_arch",
     "evaluate",
     "fp8_dtype_for_arch",
     "gfx_target_version_to_arch",
@@ -206,6 +207,20 @@ def evaluate(
                     f"({'amd-smi process' if vendor == 'amd' else 'nvidia-smi'} shows them)"
                 )
     return result
+
+
+def engine_arch(platform: str, environ: Mapping[str, str] | None = None,
+                report: HardwareReport | None = None) -> str | None:
+    """The arch of the first GPU of ``platform`` the engine will see here (after *_VISIBLE_DEVICES), or
+    of the first present; None when this machine has none (``report``: a probe already made)."""
+    if platform not in _VENDOR:
+        return None
+    report = probe_all() if report is None else report
+    present = [g for g in report.gpus_of(_VENDOR[platform]) if g.arch and g.arch != "unknown"]  # type: ignore[arg-type]
+    if not present:
+        return None
+    visible = resolve(_VENDOR[platform], present, dict(os.environ if environ is None else environ)).visible  # type: ignore[arg-type]
+    return (visible or present)[0].arch
 
 
 def check(report: HardwareReport, **layout) -> list[str]:

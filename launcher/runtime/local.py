@@ -29,18 +29,6 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _become_subreaper() -> None:
-    """Linux: orphans of the engine (a worker whose parent, the engine core, went first) become our
-    children instead of init's, so stop() reaps them and none lingers as a zombie where init does not
-    reap (containers without an init, sandboxes)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
 def _reap_group(pgid: int) -> None:
     """Collect every exited child in the group (the engine, and orphans we adopted as subreaper)."""
     while True:
@@ -62,7 +50,7 @@ class LocalEngine:
 
     def start(self, spec: EngineSpec) -> EngineHandle:
         if self.subreaper:
-            _become_subreaper()
+            procs.become_subreaper()
         env = engine_args.process_env(spec.env, spec.secret_env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         argv = engine_args.engine_argv(spec.server_args)

@@ -72,7 +72,7 @@ from radiance.kernels.dispatch import fp8_dtype_for_device
 from radiance.kernels.fp8_gemm import scaled_mm
 
 from .activation import Fp8Activation
-from .linear import Fp8InputMethod, Fp8StreamConfig, as_codes
+from .base import Fp8InputMethod, Fp8StreamConfigBase, as_codes
 from .plan import FP8_INPUT_ATTR, Fp8Input
 
 GROUP = 128
@@ -192,8 +192,9 @@ class KeptLinearMethod(Fp8InputMethod):
         return out.reshape(*lead, out.shape[-1])
 
 
-class Fp8StreamBlockConfig(Fp8StreamConfig):
-    """``--quantization radiance_fp8`` on a block-fp8 checkpoint (see the module doc)."""
+class Fp8StreamBlockConfig(Fp8StreamConfigBase):
+    """``--quantization radiance_fp8`` on a block-fp8 checkpoint (see the module doc); linear.py's
+    ``Fp8StreamConfig.from_config`` hands such a checkpoint here."""
 
     def __init__(self, ignored_layers: list[str] | None = None, store_dtype: str | None = None) -> None:
         super().__init__()
@@ -204,6 +205,10 @@ class Fp8StreamBlockConfig(Fp8StreamConfig):
         self.stock = Fp8Config(is_checkpoint_fp8_serialized=True, activation_scheme="dynamic",
                                ignored_layers=self.ignored_layers, weight_block_size=BLOCK,
                                store_dtype=store_dtype)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Fp8StreamBlockConfig:
+        return cls.from_checkpoint(config)
 
     @classmethod
     def from_checkpoint(cls, config: dict[str, Any]) -> Fp8StreamBlockConfig:

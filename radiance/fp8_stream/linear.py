@@ -40,64 +40,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from vllm.model_executor.layers.linear import (
-    LinearBase,
-    LinearMethodBase,
-    UnquantizedLinearMethod,
-)
+from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 from vllm.model_executor.layers.quantization import register_quantization_config
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 
 from radiance.kernels.dispatch import fp8_dtype_for_device
 from radiance.kernels.fp8_common import quantize_reference
 from radiance.kernels.fp8_gemm import scaled_mm
-from radiance.kernels.quant_fp8 import quant_fp8
 
 from .activation import Fp8Activation
+from .base import QUANT_NAME, Fp8InputMethod, Fp8StreamConfigBase, as_codes, skipped
+from .block import Fp8StreamBlockConfig, checkpoint_problem
 from .plan import FP8_INPUT_ATTR, Fp8Input
-
-QUANT_NAME = "radiance_fp8"
-# Prefix suffixes that stay in the checkpoint dtype.
-SKIPPED_SUFFIXES = (".gate", ".shared_expert_gate", "lm_head")
-# A VL wrapper's vision tower (Qwen3.5's ``visual.*``): not part of the decoder the stream feeds,
-# and its activations are not what the per-token quantiser was chosen for.
-SKIPPED_TREES = ("visual",)
-
-
-def skipped(prefix: str) -> bool:
-    return prefix.endswith(SKIPPED_SUFFIXES) or any(part in SKIPPED_TREES for part in prefix.split("."))
-
-
-def as_codes(x: torch.Tensor | Fp8Activation, spec: Fp8Input):
-    """A linear's input as (codes [M, K], scales, out dtype, leading dims): an epilogue's
-    ``Fp8Activation`` as it is (it must be in the format the linear declared), a tensor quantised
-    here with the epilogue's own quantiser in the declared format."""
-    if isinstance(x, Fp8Activation):
-        if x.q.dtype != spec.fp8_dtype:
-            raise ValueError(f"Fp8Activation in {x.q.dtype}, this linear takes {spec.fp8_dtype}")
-        return x.q.reshape(-1, x.q.shape[-1]), x.scale, x.dtype, x.q.shape[:-1]
-    q, scale = quant_fp8(x.reshape(-1, x.shape[-1]), spec.group_size, spec.fp8_dtype)
-    return q, scale, x.dtype, x.shape[:-1]
-
-
-class Fp8InputMethod(LinearMethodBase):
-    """A linear method that declares the pre-quantised input it takes (``radiance_fp8_input``,
-    read by plan.py). Its weight is created as the checkpoint stores a bf16 linear, sharded and
-    loaded exactly like the unquantised method; subclasses that load something else override."""
-
-    radiance_gemm = "w8a8"  # what it runs on an Fp8Activation (the install line counts consumers by it)
-
-    @property
-    def fp8_input(self) -> Fp8Input | None:
-        return getattr(self, FP8_INPUT_ATTR)
-
-    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
-                       output_partition_sizes: list[int], input_size: int, output_size: int,
-                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
-        UnquantizedLinearMethod.create_weights(self, layer, input_size_per_partition,
-                                               output_partition_sizes, input_size, output_size,
-                                               params_dtype, **extra_weight_attrs)
-
 
 class Fp8StreamLinearMethod(Fp8InputMethod):
     """W8A8: fp8 weights per output channel, fp8 activations per token."""
@@ -123,25 +76,9 @@ class Fp8StreamLinearMethod(Fp8InputMethod):
 
 
 @register_quantization_config(QUANT_NAME)
-class Fp8StreamConfig(QuantizationConfig):
+class Fp8StreamConfig(Fp8StreamConfigBase):
     """``--quantization radiance_fp8``: on a bf16 checkpoint this config (no file is read); on a
     block-fp8 checkpoint ``from_config`` returns block.py's ``Fp8StreamBlockConfig``."""
-
-    @classmethod
-    def get_name(cls) -> str:
-        return QUANT_NAME
-
-    @classmethod
-    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return 89  # fp8 MMA (sm_89+); the CPU reports no capability and is not checked
-
-    @staticmethod
-    def get_config_filenames() -> list[str]:
-        return []
 
     @classmethod
     def override_quantization_method(cls, hf_quant_cfg: dict[str, Any], user_quant: str | None,
@@ -151,8 +88,6 @@ class Fp8StreamConfig(QuantizationConfig):
         dynamic activations. Without the flag, and for other formats, vLLM decides as stock."""
         if user_quant != QUANT_NAME or hf_quant_cfg.get("quant_method") != "fp8":
             return None
-        from .block import checkpoint_problem
-
         problem = checkpoint_problem(hf_quant_cfg)
         if problem:
             raise ValueError(f"--quantization {QUANT_NAME} cannot serve this fp8 checkpoint: {problem}")
@@ -161,8 +96,6 @@ class Fp8StreamConfig(QuantizationConfig):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Fp8StreamConfig:
         if config.get("quant_method") == "fp8":  # the checkpoint's quantization_config
-            from .block import Fp8StreamBlockConfig
-
             return Fp8StreamBlockConfig.from_checkpoint(config)
         return cls()
 

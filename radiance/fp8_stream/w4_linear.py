@@ -55,6 +55,7 @@ from radiance.w4.convert import dequant_block_fp8
 from radiance.w4.scope import DRAFT_SCOPE
 
 from .activation import Fp8Activation
+from .base import Fp8InputMethod, skipped
 from .block import (
     BLOCK,
     CONSUMER_SUFFIXES,
@@ -62,7 +63,7 @@ from .block import (
     Fp8StreamBlockConfig,
     checkpoint_problem,
 )
-from .linear import Fp8InputMethod, Fp8StreamConfig, skipped
+from .linear import Fp8StreamConfig
 from .plan import FP8_INPUT_ATTR, Fp8Input
 
 logger = logging.getLogger("radiance")

@@ -49,6 +49,14 @@ def test_check_tp2_profile_on_cpu_is_incompatible_json(runner):
     data = json.loads(res.stdout)
     assert data["compatible"] is False and data["reasons"]
     assert any("rocm" in r or "GPU" in r for r in data["reasons"])
+    # No AMD GPU here: the rocm image's arch, and the arch table's defaults for it, each with its source.
+    assert data["arch"] == "gfx1201"
+    assert {d["name"]: d["source"] for d in data["arch_defaults"]} == {
+        "NCCL_PROTO": "vLLM issue 40980 (root cause ROCm/rocm-systems issue 5480)",
+        "disable-custom-all-reduce": "ROCm/vllm issue 287",
+        "VLLM_ROCM_USE_AITER": "ROCm/TransformerEngine issue 520"}
+    rows = [f for f in data["findings"] if f["check"] == "gfx1201 default"]
+    assert len(rows) == 3 and all("source:" in f["detail"] for f in rows)
 
 
 def test_check_tiny_profile_is_compatible_json(runner):

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from launcher import procs
 from launcher.cli import cli
-from launcher.commands.logs import _pick
+from launcher.commands._common import pick_deployment
 from launcher.errors import UsageError
 from launcher.state import DeploymentState
 
@@ -35,7 +35,7 @@ def test_one_running_beside_stopped_ones_is_the_one():
     _state("old", live=False, phase="stopped")
     _state("now", live=True, phase="ready")
     _state("older", live=False, phase="stopped")
-    assert _pick(None).name == "now"
+    assert pick_deployment(None).name == "now"
 
 
 def test_two_running_is_ambiguous_and_names_only_those():
@@ -43,32 +43,32 @@ def test_two_running_is_ambiguous_and_names_only_those():
     _state("b", live=True, phase="loading")
     _state("c", live=False, phase="stopped")
     with pytest.raises(UsageError, match=r"2 running deployments — fix: name one: a, b$"):
-        _pick(None)
+        pick_deployment(None)
 
 
 def test_nothing_running():
     with pytest.raises(UsageError, match="no deployments"):
-        _pick(None)
+        pick_deployment(None)
     _state("only", live=False, phase="stopped")
-    assert _pick(None).name == "only"                    # its logs are still worth reading
+    assert pick_deployment(None).name == "only"                    # its logs are still worth reading
     _state("other", live=False, phase="stopped")
     with pytest.raises(UsageError, match="2 deployments — fix: name one"):
-        _pick(None)
+        pick_deployment(None)
 
 
 def test_a_name_is_taken_as_given():
     _state("a", live=False, phase="stopped")
-    assert _pick("a").name == "a"
+    assert pick_deployment("a").name == "a"
     with pytest.raises(UsageError, match="no deployment named 'zz'"):
-        _pick("zz")
+        pick_deployment("zz")
 
 
 def test_live_only_refuses_a_stopped_one():
     _state("only", live=False, phase="stopped")
     with pytest.raises(UsageError, match="no deployment is running"):
-        _pick(None, live_only=True)
+        pick_deployment(None, live_only=True)
     _state("now", live=True, phase="ready")
-    assert _pick(None, live_only=True).name == "now"
+    assert pick_deployment(None, live_only=True).name == "now"
 
 
 def _gate(*args):
