@@ -3,8 +3,7 @@ through others, and none imports another module's private (leading underscore) n
 
 Every import statement counts, at module level or deferred inside a function: a deferred import only moves
 a cycle to the first call (fp8_stream's block.py <-> linear.py, issue 39, was deferred). For cycles, imports
-under ``if TYPE_CHECKING:`` do not count (they never run: radiance/draft/lookahead.py names step_control's
-step type only there); for private names they do (a type is an interface too). Importing ``a.b.c`` runs
+under ``if TYPE_CHECKING:`` do not count (they never run); for private names they do (a type is an interface too). Importing ``a.b.c`` runs
 ``a`` and ``a.b`` too, except from inside them (a module importing its own package's ``__init__`` is how
 packages load).
 """
@@ -19,23 +18,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("radiance", "launcher")
 
-# TODO(issue 37): radiance/draft/ is being rewritten and loses lookahead.py and step_control.py; these go
-# with it. An entry whose modules are gone is ignored; one whose modules still exist must still hold (one
-# fixed is taken off the list, so it cannot come back unnoticed).
+# Known exceptions, each to be fixed and taken off: an entry whose modules are gone is ignored; one whose
+# modules still exist must still hold (one fixed is taken off the list, so it cannot come back unnoticed).
 KNOWN_CYCLES: set[frozenset[str]] = set()
-KNOWN_PRIVATE = {
-    ("radiance.draft.lookahead", "radiance.draft.step_control", "_Step"),
-    ("radiance.draft.patch_proposer", "radiance.draft.lookahead", "_HostRing"),
-    ("radiance.draft.patch_proposer", "radiance.draft.slot_capture", "_PROPOSER"),
-    ("radiance.draft.patch_proposer", "radiance.draft.step_control", "_RUNNER"),
-    ("radiance.draft.patch_proposer", "radiance.draft.step_control", "_V2_REASON"),
-    ("radiance.draft.patch_proposer", "radiance.draft.step_control", "_WORKER"),
-    ("radiance.draft.slot_capture", "radiance.draft.lookahead", "_HostRing"),
-    ("radiance.draft.slot_capture", "radiance.draft.step_control", "_Step"),
-    ("radiance.draft.step_control", "radiance.draft.lookahead", "_HostRing"),
-    ("radiance.draft.step_control", "radiance.draft.lookahead", "_host_wait"),
-    ("radiance.draft.tp_exchange", "radiance.draft.step_control", "_Step"),
-}
+KNOWN_PRIVATE: set[tuple[str, str, str]] = set()
 
 
 def _name(path: Path) -> str:
