@@ -61,7 +61,7 @@ def cli() -> None:
 
     \b
     Exit codes: 0 ok, 1 runtime error, 2 usage/profile error, 3 gate failed,
-                4 hardware incompatible, 5 endpoint unreachable.
+                4 hardware incompatible, 5 endpoint unreachable, 6 check inconclusive.
     """
 
 

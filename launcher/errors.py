@@ -7,6 +7,7 @@ USAGE = 2            # bad arguments, bad profile, bad RADIANCE_* value
 GATE_FAILED = 3
 INCOMPATIBLE = 4     # hardware or kernels cannot run this profile
 UNREACHABLE = 5      # the endpoint to gate did not answer
+INCONCLUSIVE = 6     # a check that verified nothing: `radiance bench`'s lossless check scored no position
 
 
 class LauncherError(Exception):

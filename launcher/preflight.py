@@ -11,7 +11,6 @@ JSON and never imports the plugin's internals.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import subprocess
@@ -124,29 +123,39 @@ def _argcheck_key(vllm_args: dict) -> str | None:
 
 def vllm_args_problems(vllm_args: dict, timeout: float = 180.0) -> list[str]:
     """What vLLM's own parser says of the profile's vllm_args (launcher.vllm_argcheck, in a fresh
-    Python without plugins: its import costs seconds and must not patch anything). The verdict depends
-    only on the flags, the vLLM installed and the checker's code, so it is kept under the cache
-    directory by a hash of the three: a second `radiance check` of the same flags reads it."""
-    key = _argcheck_key(vllm_args)
-    cached = paths.cache_home() / "vllm-argcheck" / f"{key}.json" if key else None
-    if cached is not None and cached.is_file():
-        try:
-            return json.loads(cached.read_text())
-        except ValueError:
-            pass  # a torn write: check again
-    env = dict(os.environ, VLLM_PLUGINS="")
-    proc = subprocess.run([sys.executable, "-m", "launcher.vllm_argcheck", json.dumps(vllm_args)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"vLLM's argument parser failed: {tail[0]}")
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
-    if cached is not None:
-        try:
-            paths.write_atomically(cached, json.dumps(found))
-        except OSError:
-            pass  # a read-only cache only costs the next check its seconds
-    return found
+    Python without plugins: its import costs seconds and must not patch anything). A flag's verdict
+    depends only on the flag and its value, the vLLM installed and the checker's code, so it is kept
+    under the cache directory by a hash of the four: a later check of the same flag, in this profile or
+    another, reads it, and only the flags not yet judged go to vLLM (in one process)."""
+    keys = {k: _argcheck_key({k: v}) for k, v in vllm_args.items()}
+    folder = paths.cache_home() / "vllm-argcheck"
+    verdicts: dict[str, list[str]] = {}
+    for k, key in keys.items():
+        cached = folder / f"{key}.json" if key else None
+        if cached is not None and cached.is_file():
+            try:
+                found = json.loads(cached.read_text())
+            except ValueError:
+                continue  # a torn write: check again
+            if isinstance(found, list):
+                verdicts[k] = found
+    todo = {k: v for k, v in vllm_args.items() if k not in verdicts}
+    if todo:
+        env = dict(os.environ, VLLM_PLUGINS="")
+        proc = subprocess.run([sys.executable, "-m", "launcher.vllm_argcheck", json.dumps(todo)],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"vLLM's argument parser failed: {tail[0]}")
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+        for k in todo:
+            verdicts[k] = found.get(k, [])
+            if keys[k] is not None:
+                try:
+                    paths.write_atomically(folder / f"{keys[k]}.json", json.dumps(verdicts[k]))
+                except OSError:
+                    pass  # a read-only cache only costs the next check its seconds
+    return [p for k in vllm_args for p in verdicts[k]]
 
 
 def model_facts(profile: Profile) -> feature_table.ModelFacts:
@@ -354,12 +363,8 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
             rep.add("engine", "fail", "vLLM is not installed in this Python — fix: `make install` "
                     "(CPU) or use runtime docker")
         elif capabilities:
-            # Both import vLLM in a process of their own (~15 s each on two cores): side by side.
-            with concurrent.futures.ThreadPoolExecutor(2) as pool:
-                caps_job = pool.submit(capabilities_local)
-                args_job = pool.submit(vllm_args_problems, profile.vllm_args) if profile.vllm_args else None
             try:
-                caps = caps_job.result()
+                caps = capabilities_local()
             except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
                 rep.add("engine", "fail", str(exc))
             else:
@@ -371,16 +376,6 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
                     rep.add("engine", "ok", f"vLLM {caps['vllm_version']}, radiance {caps['radiance_version']}")
                 for problem in caps.get("knob_problems", []):
                     rep.add("knobs", "fail", problem)
-            if args_job is not None:
-                try:
-                    found = args_job.result()
-                except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
-                    rep.add("vllm_args", "warn", f"not checked: {exc}")
-                else:
-                    for problem in found:
-                        rep.add("vllm_args", "fail", problem)
-                    if not found:
-                        rep.add("vllm_args", "ok", f"{len(profile.vllm_args)} flag(s) accepted by vLLM's parser")
     else:
         rep.add("engine", "ok", f"runtime {runtime}: vLLM runs inside the image (`radiance build`)")
 

@@ -379,7 +379,26 @@ def parse_profile(text: str, path: str = "<profile>") -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise ProfileError([_format_error(path, data, e) for e in exc.errors()]) from None
+        raise ProfileError([_format_error(path, data, e) for e in _one_per_value(exc.errors())]) from None
+
+
+def _one_per_value(errs: list[dict]) -> list[dict]:
+    """A vllm_args value of none of its types (a list, a mapping) fails each member of the union: one
+    error for it, not one per type."""
+    out, seen = [], set()
+    for e in errs:
+        loc = e["loc"]
+        if len(loc) == 3 and loc[0] == "vllm_args":
+            if loc[:2] in seen:
+                continue
+            seen.add(loc[:2])
+            kind = ("a list" if isinstance(e.get("input"), list) else "a mapping" if isinstance(e.get("input"), dict)
+                    else type(e.get("input")).__name__)
+            e = {**e, "loc": loc[:2], "type": "vllm_arg_type",
+                 "msg": f"must be a string, a number, true/false or null, got {kind} — fix: one value; JSON "
+                        "for vLLM (hf-overrides, compilation-config) goes quoted, as text"}
+        out.append(e)
+    return out
 
 
 def load_profile(path: str | Path) -> Profile:

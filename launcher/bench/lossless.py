@@ -12,11 +12,23 @@ time: launcher.bench.worker.rescore_passes) and looks at each output position:
   between the prefill's and the decode's batch shapes): a tie, counted and reported with its margin;
 * otherwise: a violation, which fails the check.
 
+With two passes (or more), a position is judged only where they all judge it alike: it agrees where
+every pass agrees, is a tie where every pass accepts it and one calls it a tie, and is a violation where
+every pass calls it one. A position that one pass accepts and another calls a violation is *unstable*: the
+re-scorings disagree with each other, so it is neither agreement nor a violation; it is counted and
+reported, and it is not a scored position (seen on the H200: a lone re-scored request off in one pass at
+every position, the other pass agreeing).
+
 A prompt whose first output token is a violation in every pass is set aside as *unscorable*: that token
 comes from the target's own prefill of the prompt, before any draft exists, so a re-scoring that
 disagrees with it is disagreeing with the engine's prefill, not with speculative decoding (seen on the
 H200 for a lone re-scored request: every position off by 3-9 nats, the first included). Such prompts are
-counted and reported; a check left with no scorable prompt is inconclusive, never a pass.
+counted and reported.
+
+A batch is lossless only with at least one scored position and no violation; a batch with no scored
+position (every prompt unscorable, every position unstable, nothing re-scored) is *inconclusive*, its
+own verdict, never a pass. A set (``merge``) is lossless only if every batch it checked is: one
+inconclusive batch makes the set inconclusive, and names the batch, unless another has violations.
 
 Logprob differences are logit differences (log-softmax shifts every entry of a row alike), so ``eps``
 is in logit units. The same check runs on stock, which calibrates it: stock never violates it either.
@@ -39,28 +51,36 @@ class Position:
 @dataclass
 class Verdict:
     prompts: int = 0
-    positions: int = 0
+    positions: int = 0      # scored: every pass judged the position alike (agree, tie or violation)
     ties: int = 0
     violations: int = 0
-    unstable: int = 0       # positions the independent re-scorings classify differently
+    unstable: int = 0       # positions one pass accepts and another calls a violation: not scored
     unscorable: int = 0     # prompts whose re-scoring disagrees with the engine's prefill (position 0)
     max_tie_margin: float = 0.0
     first_violations: list[dict] = field(default_factory=list)   # up to 8, for the report
     eps: float = DEFAULT_EPS
-
-    @property
-    def ok(self) -> bool:
-        return self.positions > 0 and self.violations == 0
+    inconclusive_batches: list[int] = field(default_factory=list)  # merged: the batches with nothing scored
 
     @property
     def inconclusive(self) -> bool:
-        """Nothing could be scored because every prompt's re-scoring disagreed with the prefill."""
-        return self.positions == 0 and self.unscorable > 0
+        """Nothing violated, but something checked was not scored: this check, or one of the merged batches,
+        has no scored position (every prompt unscorable, every position unstable, nothing re-scored)."""
+        return self.violations == 0 and (self.positions == 0 or bool(self.inconclusive_batches))
+
+    @property
+    def ok(self) -> bool:
+        """Lossless: scored positions in every batch checked, and no violation."""
+        return self.violations == 0 and not self.inconclusive
+
+    @property
+    def verdict(self) -> str:
+        return "violations" if self.violations else "inconclusive" if self.inconclusive else "lossless"
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["ok"] = self.ok
         d["inconclusive"] = self.inconclusive
+        d["verdict"] = self.verdict
         return d
 
 
@@ -90,9 +110,10 @@ def classify(output: list[int], scored: list[dict[int, tuple[float, int]] | None
 def check(outputs: list[list[int]], passes: list[list[list[dict[int, tuple[float, int]] | None]]],
           eps: float = DEFAULT_EPS) -> Verdict:
     """``passes``: one or more independent re-scorings of the same outputs (the worker runs two, in opposite
-    batch orders). A position counts by the most favourable pass: a token the target really did not choose
-    is a violation in every pass, while a re-scoring that went wrong for one request (its batch slot, its
-    state) does not repeat in the other order. Positions the passes disagree on are counted as ``unstable``."""
+    batch orders). A position is scored only where every pass has it and all judge it alike: it agrees
+    only where every pass agrees, is a tie where every pass accepts it (agree or tie), a violation where
+    every pass calls it one. One pass accepting what another calls a violation makes it ``unstable``:
+    counted, not scored, and neither agreement nor a violation."""
     v = Verdict(eps=eps)
     for prompt_no, out in enumerate(outputs):
         classes = [classify(out, sc[prompt_no], eps) for sc in passes]
@@ -101,27 +122,30 @@ def check(outputs: list[list[int]], passes: list[list[list[dict[int, tuple[float
             v.unscorable += 1
             continue
         for j in range(len(out)):
-            seen = [c[j] for c in classes if j < len(c) and c[j] is not None]
-            if not seen:
+            seen = [c[j] if j < len(c) else None for c in classes]
+            if not seen or any(s is None for s in seen):
+                continue  # a pass without this position: not judged alike by all
+            kinds = {k for k, _ in seen}
+            if VIOLATION in kinds and kinds != {VIOLATION}:
+                v.unstable += 1
                 continue
             v.positions += 1
-            if len({k for k, _ in seen}) > 1:
-                v.unstable += 1
-            kind, pos = min(seen, key=lambda kp: kp[0])
-            if kind == TIE:
-                v.ties += 1
-                v.max_tie_margin = max(v.max_tie_margin, pos.margin)
-            elif kind == VIOLATION:
+            if kinds == {VIOLATION}:
                 v.violations += 1
                 if len(v.first_violations) < 8:
-                    v.first_violations.append({"prompt": prompt_no, **asdict(pos)})
+                    v.first_violations.append({"prompt": prompt_no, **asdict(seen[0][1])})
+            elif TIE in kinds:
+                v.ties += 1
+                v.max_tie_margin = max(v.max_tie_margin, max(p.margin for k, p in seen if k == TIE))
     v.max_tie_margin = round(v.max_tie_margin, 4)
     return v
 
 
-def merge(verdicts: list[Verdict]) -> Verdict:
-    out = Verdict(eps=verdicts[0].eps if verdicts else DEFAULT_EPS)
-    for v in verdicts:
+def merge(verdicts: dict[int, Verdict]) -> Verdict:
+    """A set's verdict from its batches' (batch size -> verdict): the counts added up, and the batches
+    that scored nothing named, so one inconclusive batch is not hidden by another's positions."""
+    out = Verdict(eps=next(iter(verdicts.values())).eps if verdicts else DEFAULT_EPS)
+    for batch, v in verdicts.items():
         out.prompts += v.prompts
         out.positions += v.positions
         out.ties += v.ties
@@ -129,5 +153,7 @@ def merge(verdicts: list[Verdict]) -> Verdict:
         out.unstable += v.unstable
         out.unscorable += v.unscorable
         out.max_tie_margin = max(out.max_tie_margin, v.max_tie_margin)
-        out.first_violations += v.first_violations[: 8 - len(out.first_violations)]
+        out.first_violations += [{"batch": batch, **f} for f in v.first_violations[: 8 - len(out.first_violations)]]
+        if v.positions == 0 or v.inconclusive_batches:
+            out.inconclusive_batches.append(batch)
     return out

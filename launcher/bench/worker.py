@@ -176,7 +176,7 @@ def run(job: dict) -> dict:
         print(f"radiance bench: {job['set']} B={b}: {row['decode_tok_s']} decode tok/s, "
               f"{row['ms_per_step']} ms/step", file=sys.stderr, flush=True)
     if verdicts:
-        result["lossless"] = lossless.merge(list(verdicts.values())).as_dict()
+        result["lossless"] = lossless.merge(verdicts).as_dict()
     result["patch_status"] = _metrics(llm)[1]
     return result
 

@@ -1,4 +1,5 @@
-"""Pieces every subcommand shares: loading a profile into a one-line error, knob checks, picking a deployment."""
+"""Pieces every subcommand shares: loading a profile into a one-line error (its schema, its cross-field
+rules, then vLLM's own parser on its vllm_args), knob checks, picking a deployment."""
 from __future__ import annotations
 
 import click
@@ -19,6 +20,47 @@ def load(path: str) -> Profile:
         return load_profile(path)
     except ProfileError as exc:
         raise errors.UsageError("\n".join(exc.lines)) from None
+
+
+def check_vllm_args(profile: Profile, profile_path: str, runtime: str = "local") -> tuple[str, str] | None:
+    """vLLM's own parser on the profile's ``vllm_args``, before any hardware verdict and on every platform:
+    a flag it refuses is a profile error, one line ``FILE:LINE: vllm_args.KEY: problem — fix: ...`` per
+    flag, exit 2. Each flag's verdict is kept (launcher.preflight.vllm_args_problems), so only a flag not
+    judged before costs vLLM's import (~15 s on two cores). ``runtime``: where the engine runs; elsewhere
+    than this Python (docker, k8s), this Python's vLLM judges only when it is the pinned version the image
+    carries. Returns `radiance check`'s finding (status, detail), None where there are no vllm_args."""
+    if not profile.vllm_args:
+        return None
+    from radiance.versions import VLLM_VERSION
+
+    from .. import preflight
+
+    ident = preflight._vllm_identity()
+    if ident is None:
+        return "warn", "not checked: vLLM is not installed in this Python (the engine's parser reads them)"
+    here = {v.split("+")[0] for v in ident["versions"].values()}
+    if runtime != "local" and VLLM_VERSION not in here:
+        return "warn", (f"not checked: this Python's vLLM ({', '.join(sorted(here)) or 'unknown version'}) is "
+                        f"not the image's {VLLM_VERSION}")
+    try:
+        found = preflight.vllm_args_problems(profile.vllm_args)
+    except (RuntimeError, OSError, ValueError, preflight.subprocess.TimeoutExpired) as exc:
+        return "warn", f"not checked: {exc}"
+    if found:
+        raise errors.UsageError("\n".join(vllm_args_lines(profile_path, found)))
+    return "ok", f"{len(profile.vllm_args)} flag(s) accepted by vLLM's parser"
+
+
+def vllm_args_lines(profile_path: str, problems: list[str]) -> list[str]:
+    """``FILE:LINE: vllm_args.KEY: ...`` for each of vLLM's refusals (which name their key first)."""
+    from ..profile import line_of
+
+    out = []
+    for problem in problems:
+        key = problem.split(":", 1)[0].removeprefix("vllm_args.")
+        line = line_of(profile_path, ("vllm_args", key))
+        out.append(f"{profile_path}:{line}: {problem}" if line else f"{profile_path}: {problem}")
+    return out
 
 
 def check_knobs() -> None:

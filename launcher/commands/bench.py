@@ -60,12 +60,28 @@ def _with_vllm_args(profile, items: tuple[str, ...]):
 
 
 def _verdict(ll: dict) -> str:
-    aside = f", {ll['unscorable']} unscorable" if ll.get("unscorable") else ""
-    if ll.get("inconclusive"):
-        return f"[yellow]inconclusive[/yellow] ({ll['unscorable']} unscorable)"
-    if ll["ok"]:
-        return f"[green]ok[/green] ({ll['ties']} ties{aside})"
-    return f"[red]{ll['violations']} violations[/red]{aside}"
+    extra = [f"{ll[k]} {k}" for k in ("unstable", "unscorable") if ll.get(k)]
+    aside = (", " + ", ".join(extra)) if extra else ""
+    if ll.get("violations"):
+        return f"[red]{ll['violations']} violations[/red] ({ll['positions']} scored{aside})"
+    if ll.get("inconclusive") or not ll.get("ok"):
+        return f"[yellow]inconclusive[/yellow] ({ll.get('positions', 0)} scored{aside})"
+    return f"[green]ok[/green] ({ll['positions']} scored, {ll['ties']} ties{aside})"
+
+
+def _inconclusive(report: dict) -> list[str]:
+    """``set S B=N: 0 positions scored (...)`` for each batch whose lossless check scored nothing, in the
+    sets without a violation (a violation is the worse verdict and is reported as such)."""
+    out = []
+    for s in report["sets"]:
+        ll = s.get("lossless")
+        if not ll or ll.get("violations") or ll.get("ok"):
+            continue
+        rows = {r["batch"]: r["lossless"] for r in s.get("results", []) if r.get("lossless")}
+        for b in ll.get("inconclusive_batches") or [b for b, r in rows.items() if not r.get("positions")] or ["?"]:
+            why = [f"{rows[b][k]} {k}" for k in ("unscorable", "unstable") if b in rows and rows[b].get(k)]
+            out.append(f"set {s['set']} B={b}: 0 positions scored" + (f" ({', '.join(why)})" if why else ""))
+    return out
 
 
 def _table(report: dict) -> None:
@@ -122,6 +138,9 @@ def _table(report: dict) -> None:
 @click.option("--lossless", "lossless_raw", default="1,8", show_default=True, metavar="B,...",
               help="Batches whose outputs are re-scored: every emitted token must be the target's argmax "
                    "for its prefix (within --eps). 'none' skips it.")
+@click.option("--allow-inconclusive", is_flag=True,
+              help="Exit 0 (with a warning) when a lossless check scored no position in a batch, instead of "
+                   "exit 6 (inconclusive).")
 @click.option("--eps", type=click.FloatRange(0.0, 10.0), default=None,
               help="Logit margin under which a non-argmax token counts as a tie (default 0.25).")
 @click.option("--platform", type=click.Choice(["auto", "rocm", "cuda", "cpu"]), default="auto", show_default=True,
@@ -138,7 +157,8 @@ def _table(report: dict) -> None:
                    "recorded in the report.")
 @JSON_OPT
 def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens: int, prompt_tokens: int,
-            repeat: int, rounds: int, acceptance_raw: str | None, lossless_raw: str, eps: float | None, platform: str, commit: str | None,
+            repeat: int, rounds: int, acceptance_raw: str | None, lossless_raw: str, allow_inconclusive: bool,
+            eps: float | None, platform: str, commit: str | None,
             out_path: str | None, engine_env: tuple[str, ...], vllm_arg: tuple[str, ...], as_json: bool) -> None:
     """Run PROFILE's model stock and with its feature sets, at each batch size, through vLLM's offline
     engine (one fresh engine per set, started exactly as `radiance up` starts it), and print decode
@@ -203,15 +223,17 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
         _table(report)
         console.info(f"report: {out}")
     failed = [s["set"] for s in report["sets"] if "error" in s]
-    # Nothing checked still fails, as before; only a check whose every prompt was unscorable is a warning.
-    lossy = [s["set"] for s in report["sets"] if s.get("lossless") and not s["lossless"]["ok"]
-             and not s["lossless"].get("inconclusive")]
-    unsure = [s["set"] for s in report["sets"] if s.get("lossless") and s["lossless"].get("inconclusive")]
-    if unsure:
-        console.warn(f"bench: the lossless check could not score set(s) {', '.join(unsure)}: every re-scored "
-                     "prompt disagreed with the engine's own prefill (see 'unscorable' in the report)")
+    lossy = [s["set"] for s in report["sets"] if s.get("lossless") and s["lossless"].get("violations")]
+    unsure = _inconclusive(report)
+    if unsure and (failed or lossy or allow_inconclusive):
+        console.warn(f"bench: the lossless check scored nothing in {'; '.join(unsure)} (see 'unscorable' and "
+                     "'unstable' in the report)")
     if failed:
         raise errors.LauncherError(f"bench: set(s) {', '.join(failed)} failed (report: {out})")
     if lossy:
         raise errors.LauncherError(f"bench: set(s) {', '.join(lossy)} emitted tokens that are not the target's "
                                    f"argmax (report: {out})")
+    if unsure and not allow_inconclusive:
+        raise errors.LauncherError(f"bench: lossless check inconclusive for {'; '.join(unsure)}: nothing "
+                                   f"verified there (report: {out}) — fix: check another batch (--lossless), or pass "
+                                   "--allow-inconclusive to accept it", errors.INCONCLUSIVE)

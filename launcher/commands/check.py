@@ -10,7 +10,7 @@ from ..images import GPU_TARGETS
 from ..runtime import runtime_class
 
 GPU_ARCHS = {a for targets in GPU_TARGETS.values() for a in targets}
-from ._common import JSON_OPT, PROFILE_ARG, check_knobs, load
+from ._common import JSON_OPT, PROFILE_ARG, check_knobs, check_vllm_args, load
 
 
 def render(rep: preflight.PreflightReport) -> None:
@@ -37,9 +37,16 @@ def command(profile_path: str, as_json: bool, runtime: str | None, strict: bool,
     $RADIANCE_PROFILE.
     """
     profile = load(profile_path)
-    check_knobs()
     # A ray profile's local cluster meets this machine as the local runtime does.
-    rep = preflight.assess(profile, runtime=runtime or runtime_class(profile.runtime.kind).hardware, archs=archs)
+    runtime = runtime or runtime_class(profile.runtime.kind).hardware
+    # vLLM's parser refusing a flag is a mistake in the profile, not a machine that cannot run it: exit 2
+    # in one line before anything is probed or printed.
+    args_finding = check_vllm_args(profile, profile_path, runtime)
+    check_knobs()
+    rep = preflight.assess(profile, runtime=runtime, archs=archs)
+    if args_finding is not None:  # its row before the features', where the engine's rows end
+        at = next((i for i, f in enumerate(rep.findings) if f.check.startswith("feature ")), len(rep.findings))
+        rep.findings.insert(at, preflight.Finding("vllm_args", *args_finding))
     if strict:
         for f in rep.findings:
             if f.check.startswith("feature ") and f.status == "warn":
@@ -48,20 +55,4 @@ def command(profile_path: str, as_json: bool, runtime: str | None, strict: bool,
         console.print_json(rep.to_dict())
     else:
         render(rep)
-    # vLLM's parser refusing a flag is a mistake in the profile, not a machine that cannot run it.
-    refused = [f.detail for f in rep.findings if f.check == "vllm_args" and f.status == "fail"]
-    if refused:
-        raise errors.UsageError("\n".join(vllm_args_lines(profile_path, refused)))
     sys.exit(errors.OK if rep.compatible else errors.INCOMPATIBLE)
-
-
-def vllm_args_lines(profile_path: str, problems: list[str]) -> list[str]:
-    """``FILE:LINE: vllm_args.KEY: ...`` for each of vLLM's refusals (which name their key first)."""
-    from ..profile import line_of
-
-    out = []
-    for problem in problems:
-        key = problem.split(":", 1)[0].removeprefix("vllm_args.")
-        line = line_of(profile_path, ("vllm_args", key))
-        out.append(f"{profile_path}:{line}: {problem}" if line else f"{profile_path}: {problem}")
-    return out

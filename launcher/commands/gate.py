@@ -13,7 +13,7 @@ import click
 
 from .. import console, errors, paths
 from ..state import DeploymentState
-from ._common import JSON_OPT, load, pick_deployment, runnable_here
+from ._common import JSON_OPT, check_vllm_args, load, pick_deployment, runnable_here
 
 
 @click.command("gate")
@@ -58,6 +58,11 @@ def command(profile_path: str, url: str | None, api_key_env: str | None, baselin
         profile_path, url = st.profile_path, url or st.gateway_url
         api_key_env = api_key_env or st.api_key_env
     profile = load(profile_path)
+    # The same profile errors as `check` and `up` (exit 2, one line), also where the engine runs elsewhere.
+    from ..runtime import runtime_class
+
+    check_vllm_args(profile, profile_path, "local" if record_reference and not url
+                    else runtime_class(profile.runtime.kind).hardware)
     if output and not record_reference:
         raise errors.UsageError("--output is for --record-reference — fix: add --record-reference or drop --output")
     if record_reference:

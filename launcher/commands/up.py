@@ -16,7 +16,7 @@ from .. import console, errors, paths
 from .. import profile as profile_schema
 from ..state import DeploymentState
 from ..supervisor import Supervisor, UpOptions
-from ._common import PROFILE_ARG, check_knobs, load, runnable_here
+from ._common import PROFILE_ARG, check_knobs, check_vllm_args, load, runnable_here
 
 TERMINAL = {"ready", "unready", "failed", "stopped"}
 RUNTIME_KINDS = list(typing.get_args(profile_schema.Runtime.model_fields["kind"].annotation))
@@ -72,10 +72,14 @@ def command(ctx: click.Context, profile_path: str, runtime: str | None, replicas
     /v1/health/live answers at once; /v1/health/ready is 503 until the gate has passed.
     """
     profile = load(profile_path)
+    kind = runtime or profile.runtime.kind
+    if not supervised:  # the supervisor's parent checked them; a profile error is exit 2 before any hardware verdict
+        from ..runtime import runtime_class
+
+        check_vllm_args(profile, profile_path, runtime_class(kind).hardware)
     check_knobs()
     if port is not None and port != profile.server.port:
         profile = profile.model_copy(update={"server": profile.server.model_copy(update={"port": port})})
-    kind = runtime or profile.runtime.kind
     if skip_gate and gate_only:
         raise errors.UsageError("--skip-gate and --gate-only contradict each other — fix: drop one")
     # RAY_ADDRESS in the environment means nothing to the other runtimes; --address on the line does.

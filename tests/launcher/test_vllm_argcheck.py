@@ -7,14 +7,16 @@ def test_vllm_parser_judges_each_flag():
         "enforce-eager": "maybe-yes",          # an on/off flag given a word: would become the model
         "max-num-seqs": "many",                # not an int
         "no-such-flag": 1,                     # not a vLLM flag
+        "enforce-eagre": True,                 # a typo of one
         "gpu-memory-utilization": 0.8,         # fine
         "enable-chunked-prefill": True,        # fine
         "disable-log-stats": None,             # left out
     })
-    assert len(found) == 3, found
+    assert len(found) == 4, found
     assert found[0].startswith("vllm_args.enforce-eager: ") and "fix: enforce-eager: true" in found[0]
     assert found[1].startswith("vllm_args.max-num-seqs: ") and "invalid int value" in found[1]
-    assert found[2].startswith("vllm_args.no-such-flag: ") and "unrecognized" in found[2]
+    assert found[2].startswith("vllm_args.no-such-flag: ") and "not one of vLLM's flags" in found[2]
+    assert found[3].startswith("vllm_args.enforce-eagre: ") and "fix: did you mean enforce-eager?" in found[3]
 
 
 def test_check_exits_2_with_the_file_and_line_of_a_refused_flag(tmp_path, monkeypatch):

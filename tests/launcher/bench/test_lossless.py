@@ -23,26 +23,63 @@ def test_a_near_tie_is_a_tie_and_a_clear_loss_is_a_violation():
     assert abs(v.max_tie_margin - 0.10) < 1e-6
 
 
-def test_nothing_checked_is_not_a_pass():
-    assert not lossless.check([[1]], [[[None]]]).ok
+def test_nothing_checked_is_inconclusive_not_a_pass():
+    v = lossless.check([[1]], [[[None]]])
+    assert not v.ok and v.inconclusive and v.verdict == "inconclusive" and v.positions == 0
 
 
 def test_merge_adds_up():
     a = lossless.check([[5]], [[[_row({5: -0.1, 2: -1.0})]]])
     b = lossless.check([[5, 6]], [[[_row({5: -0.1, 2: -1.0}), _row({7: -0.1, 6: -5.0})]]])
     c = lossless.check([[6]], [[[_row({7: -0.1, 6: -5.0})]]])      # unscorable: its prefill token disagrees
-    m = lossless.merge([a, b, c])
+    m = lossless.merge({1: a, 8: b, 32: c})
     assert (m.prompts, m.positions, m.violations, m.unscorable, m.ok) == (3, 3, 1, 1, False)
+    assert m.verdict == "violations" and m.first_violations[0]["batch"] == 8
 
 
-def test_a_rescoring_that_goes_wrong_once_is_unstable_not_a_violation():
+def test_a_set_with_one_batch_that_scored_nothing_is_inconclusive_and_names_it():
+    """The other batch's positions do not carry it: every batch checked must have scored positions."""
+    good = lossless.check([[5]], [[[_row({5: -0.1, 2: -1.0})]], [[_row({5: -0.2, 2: -1.0})]]])
+    off = [_row({9: -0.1, 5: -6.0})]
+    nothing = lossless.check([[5]], [[off], [off]])                 # B = 1: its only prompt unscorable
+    assert good.ok and nothing.inconclusive
+    m = lossless.merge({1: nothing, 8: good})
+    assert m.positions == 1 and m.violations == 0
+    assert not m.ok and m.inconclusive and m.inconclusive_batches == [1]
+    d = m.as_dict()
+    assert d["verdict"] == "inconclusive" and d["ok"] is False and d["inconclusive_batches"] == [1]
+
+
+def test_positions_the_passes_disagree_on_are_unstable_not_agreement():
+    """A position agrees only when both passes agree: one pass agreeing and the other calling it a violation
+    is unstable, counted and not scored (it used to count as agreeing); a batch of nothing but unstable
+    positions verified nothing."""
+    first = [_row({4: -0.1, 3: -3.0})]
     good = [_row({5: -0.1, 9: -3.0})]
     garbage = [_row({9: -0.1, 5: -6.0})]          # the same position scored wrongly in one pass
-    v = lossless.check([[5]], [[good], [garbage]])
-    assert v.ok and v.unstable == 1 and v.violations == 0
+    v = lossless.check([[4, 5]], [[first + good], [first + garbage]])
+    assert (v.positions, v.unstable, v.violations) == (1, 1, 0) and v.ok
+    # every position unstable (one pass right, the other wrong, the prefill token included but not in
+    # every pass, so the prompt is not unscorable)
+    off_first = [_row({3: -0.1, 4: -3.0})]
+    none = lossless.check([[4, 5]], [[first + good], [off_first + garbage]])
+    assert (none.positions, none.unstable, none.unscorable, none.violations) == (0, 2, 0, 0)
+    assert not none.ok and none.inconclusive and none.as_dict()["unstable"] == 2
+
+
+def test_a_wrong_token_in_every_pass_is_a_violation_not_unstable():
     first = [_row({4: -0.1, 3: -3.0})]
+    garbage = [_row({9: -0.1, 5: -6.0})]
     real = lossless.check([[4, 5]], [[first + garbage], [first + garbage]])   # not the target's choice, twice
-    assert not real.ok and real.violations == 1 and real.unstable == 0
+    assert not real.ok and real.violations == 1 and real.unstable == 0 and real.verdict == "violations"
+
+
+def test_a_tie_in_one_pass_and_agreement_in_the_other_is_a_tie():
+    agree = [_row({5: -0.1, 9: -3.0})]
+    tie = [_row({9: -0.60, 5: -0.70})]            # 5 is 0.10 behind the top-1 in this pass
+    v = lossless.check([[5]], [[agree], [tie]], eps=0.25)
+    assert (v.positions, v.ties, v.unstable, v.violations) == (1, 1, 0, 0) and v.ok
+    assert abs(v.max_tie_margin - 0.10) < 1e-6
 
 
 def test_a_prompt_whose_prefill_token_disagrees_is_unscorable_not_a_violation():
@@ -58,6 +95,7 @@ def test_only_unscorable_prompts_is_inconclusive_not_a_pass():
     off = [_row({9: -0.1, 5: -6.0})]
     v = lossless.check([[5]], [[off], [off]])
     assert not v.ok and v.inconclusive and v.as_dict()["inconclusive"] is True
+    assert v.as_dict()["verdict"] == "inconclusive"
 
 
 def test_a_wrong_draft_after_a_correct_first_token_is_still_a_violation():
