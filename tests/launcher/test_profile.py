@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from launcher.profile import Drafter, ProfileError, load_profile, parse_profile
+from radiance.features import DRAFT_TAU
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = """\
@@ -28,7 +29,7 @@ def test_shipped_profiles_validate(path):
 
 def test_bool_shorthand_and_defaults():
     prof = parse_profile(GOOD, "x.yaml")
-    assert prof.features.dynamic_draft.enabled and prof.features.dynamic_draft.tau == 0.28
+    assert prof.features.dynamic_draft.enabled and prof.features.dynamic_draft.tau == DRAFT_TAU
     assert prof.server.host == "127.0.0.1"
     assert prof.features.enabled_names() == ["dynamic_draft"]
 
