@@ -200,6 +200,14 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
         raise errors.UsageError("--acceptance: vLLM's synthetic rejection sampling runs on GPUs only, not on "
                                 "the cpu platform — fix: leave --acceptance out on CPU")
     sets = plan.parse(sets_spec or plan.default_sets(profile, platform), profile, platform)
+    padded = [s.name for s in sets if "dynamic_draft" in s.features]
+    if acceptance is not None and padded:
+        # Seen on the H200 (benchmarks/results/vllm_27b_shape_h200_2026-12-05_call1.json): every padded
+        # draft was accepted at its position's rate, and dynamic-draft measured a gain no target would give.
+        raise errors.UsageError(
+            f"--acceptance: set(s) {', '.join(padded)} run dynamic-draft, whose drafts past the chosen depth are "
+            "padding that vLLM's synthetic sampler accepts by position, never by token — fix: drop dynamic_draft "
+            "from --sets (e.g. no-dynamic_draft), or measure it with real weights (profiles/tiny-gpu.yaml)")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(out_path) if out_path else paths.reports_dir() / f"bench-{profile.name}-{stamp}.json"
     opts = run.Options(batches=batches, max_tokens=max_tokens, prompt_tokens=prompt_tokens, repeat=repeat,

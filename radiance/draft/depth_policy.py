@@ -8,9 +8,10 @@ to gain at d (``AcceptanceEstimate``), that is the throughput the depth is worth
 best. Measured rather than modelled: the price of a depth includes what no model here knows, such as
 what an MTP forward costs beside the target's verification at this batch size on this GPU.
 
-A depth not yet measured in a bucket is probed: held for ``probe_steps`` steps. Every ``reprobe_every`` steps of a bucket the
-next depth other than the best is probed again, so a change of traffic or of the acceptance at deeper
-positions is seen. The seeds' tau keeps its intent: a depth whose last position is estimated to be
+A depth not yet measured in a bucket is probed: held for ``probe_steps`` steps. Then the next depth other
+than the best is probed again after 16 steps of the bucket, the interval doubling up to ``reprobe_every``:
+an early misjudgement is corrected early, and a change of traffic or of the acceptance at deeper positions
+is seen later on. A depth's speed is the median of its last five timed steps, its very first one dropped. The seeds' tau keeps its intent: a depth whose last position is estimated to be
 accepted less often than tau is not a candidate (stop drafting where acceptance is unlikely). The
 batch-size schedule caps the depth as before.
 
@@ -28,7 +29,8 @@ REPROBE_EVERY = 256
 WARMUP_STEPS = 2     # steps of a bucket at the configured depth before any probe
 MIN_SAMPLES = 2      # clean steps before a depth's speed counts
 MAX_PROBES = 3       # probes of a depth that yielded no clean step before it is left out of the bucket
-EMA = 0.3            # weight of a new sample of a depth's speed
+WINDOW = 5           # a depth's speed is the median of its last few samples: one slow step moves nothing
+FIRST_REPROBE = 16   # steps of a bucket before its first re-probe; the interval doubles up to reprobe_every
 OUTLIER = 4.0        # a gap this many times the cell's step time is an idle engine, not a step
 
 
@@ -56,12 +58,28 @@ def depth_cap(schedule: Sequence[tuple[int, int]], batch_size: int) -> int | Non
 
 @dataclass
 class _Speed:
-    rate: float = 0.0      # request-steps per second (EMA)
-    samples: int = 0
+    """Request-steps per second at one depth in one bucket. The first clean step a depth ever runs is
+    dropped (it can carry one-time costs: a kernel compiled, a buffer allocated). On the H200 the policy
+    once kept depth 1 where the configured depth stepped as fast; a corrupted first sample of the
+    configured depth is the explanation that fits what was logged (not seen directly): a median cannot be
+    moved by one such step, and the early re-probes correct what it would have settled."""
+    recent: list[float] = field(default_factory=list)
+    seen: int = 0
+
+    @property
+    def samples(self) -> int:
+        return len(self.recent)
+
+    @property
+    def rate(self) -> float:
+        r = sorted(self.recent)
+        return r[len(r) // 2] if len(r) % 2 else 0.5 * (r[len(r) // 2 - 1] + r[len(r) // 2])
 
     def add(self, rate: float) -> None:
-        self.rate = rate if self.samples == 0 else (1 - EMA) * self.rate + EMA * rate
-        self.samples += 1
+        self.seen += 1
+        if self.seen == 1:
+            return
+        self.recent = (self.recent + [rate])[-WINDOW:]
 
 
 @dataclass
@@ -71,7 +89,8 @@ class _Bucket:
     steps: int = 0
     probe: int | None = None
     probe_left: int = 0
-    next_reprobe: int = REPROBE_EVERY
+    next_reprobe: int = FIRST_REPROBE
+    interval: int = FIRST_REPROBE                         # doubles after each re-probe, up to reprobe_every
     turn: int = 0                                         # round robin over the depths to re-probe
 
 
@@ -107,7 +126,7 @@ class DepthPolicy:
         return out
 
     def choose(self, batch_size: int) -> Decision:
-        st = self._buckets.setdefault(bucket(batch_size), _Bucket(next_reprobe=self.reprobe_every))
+        st = self._buckets.setdefault(bucket(batch_size), _Bucket())
         st.steps += 1
         cands = self.candidates(batch_size)
         if st.probe in cands and st.probe_left > 0:
@@ -121,7 +140,8 @@ class DepthPolicy:
             if todo:
                 return self._start_probe(st, todo[0])
             if st.steps >= st.next_reprobe:
-                st.next_reprobe = st.steps + self.reprobe_every
+                st.interval = min(2 * st.interval, self.reprobe_every)
+                st.next_reprobe = st.steps + st.interval
                 others = [d for d in cands if d != best]
                 if others:
                     st.turn = (st.turn + 1) % len(others)

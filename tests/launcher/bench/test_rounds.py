@@ -90,3 +90,12 @@ def test_synthetic_acceptance_is_refused_on_cpu_where_vllm_asserts_it_away():
                                    "--acceptance", "synthetic:0.9,0.5"])
     assert res.exit_code == 2, res.output
     assert "GPUs only" in res.output
+
+
+def test_synthetic_acceptance_is_refused_for_dynamic_draft_whose_padding_it_would_accept():
+    # measured on the H200 (benchmarks/results/vllm_27b_shape_h200_2026-12-05_call1.json): the synthetic
+    # sampler accepted the padded drafts at their positions' rates, crediting dynamic-draft with tokens
+    res = CliRunner().invoke(cli, ["bench", PROFILE, "--platform", "cuda", "--sets", "stock,only-dynamic_draft",
+                                   "--acceptance", "synthetic:0.71,0.50,0.36,0.26"])
+    assert res.exit_code == 2, res.output
+    assert "only-dynamic_draft" in res.output and "padding" in res.output
