@@ -296,11 +296,11 @@ def runner_finding(profile: Profile) -> tuple[str, str]:
             f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env)"
     if own not in (None, "0"):
         return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): V2 loads the drafter outside the bracket "
-                        "w4-drafter and int4-head rely on, and dynamic-draft hooks V1: they run stock — "
+                        "w4-drafter and int4-head rely on, and dynamic-draft declines on V2: they run stock — "
                         "fix: remove it from env")
     return "ok", ("Model Runner V1: a drafter with dynamic-draft, w4-drafter or int4-head (V2 loads drafters "
-                  "itself and dynamic-draft hooks V1's proposer; at Qwen3.5-27B's shapes the two runners step "
-                  "within 1-3%)")
+                  "itself and runs its k draft forwards as one captured graph, which dynamic-draft cannot "
+                  "shorten; at Qwen3.5-27B's shapes the two runners step within 1-3%)")
 
 
 def arch_findings(rep: PreflightReport, profile: Profile, hw: "hardware.HardwareReport", platform: str,

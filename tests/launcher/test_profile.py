@@ -171,7 +171,7 @@ def test_gpu_engines_share_one_triton_cache_across_feature_sets():
 
 
 def test_gpu_engines_with_a_loaded_drafter_and_a_draft_or_head_feature_get_runner_v1():
-    """V2 loads drafters outside the bracket w4-drafter and int4-head rely on, and dynamic-draft hooks V1:
+    """V2 loads drafters outside the bracket w4-drafter and int4-head rely on, and dynamic-draft declines on V2:
     any of the three with an MTP or DFlash drafter gets V1 on a GPU; anything else keeps vLLM's default."""
     from launcher import engine_args
 
