@@ -43,6 +43,10 @@ class AcceptanceEstimate:
         r = self._reached[position - 1]
         return self._accepted[position - 1] / r if r > 1e-9 else None
 
+    def evidence(self, position: int) -> float:
+        """Drafts (decayed) that reached 1-based ``position``."""
+        return self._reached[position - 1]
+
     def rates(self) -> list[float | None]:
         return [self.rate(i) for i in range(1, self.depth + 1)]
 

@@ -11,9 +11,12 @@ what an MTP forward costs beside the target's verification at this batch size on
 A depth not yet measured in a bucket is probed: held for ``probe_steps`` steps. Then the next depth other
 than the best is probed again after 16 steps of the bucket, the interval doubling up to ``reprobe_every``:
 an early misjudgement is corrected early, and a change of traffic or of the acceptance at deeper positions
-is seen later on. A depth's speed is the median of its last five timed steps, its very first one dropped. The seeds' tau keeps its intent: a depth whose last position is estimated to be
-accepted less often than tau is not a candidate (stop drafting where acceptance is unlikely). The
-batch-size schedule caps the depth as before.
+is seen later on. A depth's speed is the median of its last five timed steps, its very first one dropped.
+
+The seeds' tau keeps its intent: a depth whose last position is estimated, from at least 32 drafts, to be
+accepted less often than tau is not a candidate (stop drafting where acceptance is unlikely). The re-probes
+still visit it, since a position's acceptance is only seen while it is drafted (without both rules one bad
+first step ruled depths 2-4 out for good on the tiny model). The batch-size schedule caps the depth.
 
 Pure host logic: no torch, no vLLM; time is passed in.
 """
@@ -32,6 +35,7 @@ MAX_PROBES = 3       # probes of a depth that yielded no clean step before it is
 WINDOW = 5           # a depth's speed is the median of its last few samples: one slow step moves nothing
 FIRST_REPROBE = 16   # steps of a bucket before its first re-probe; the interval doubles up to reprobe_every
 OUTLIER = 4.0        # a gap this many times the cell's step time is an idle engine, not a step
+TAU_EVIDENCE = 32.0  # drafts that must have reached a position before tau may rule it out
 
 
 def bucket(batch_size: int) -> int:
@@ -116,20 +120,22 @@ class DepthPolicy:
 
     # -- the scheduler's question ----------------------------------------------------------------
     def candidates(self, batch_size: int) -> list[int]:
-        cap = depth_cap(self.schedule, batch_size) or self.k
         out = []
-        for d in range(1, min(cap, self.k) + 1):
-            r = self.acceptance.rate(d)
-            if d > 1 and r is not None and r < self.tau:
+        for d in range(1, self._cap(batch_size) + 1):
+            r, seen = self.acceptance.rate(d), self.acceptance.evidence(d)
+            if d > 1 and r is not None and r < self.tau and seen >= TAU_EVIDENCE:
                 break   # deeper positions are accepted less often still
             out.append(d)
         return out
+
+    def _cap(self, batch_size: int) -> int:
+        return min(depth_cap(self.schedule, batch_size) or self.k, self.k)
 
     def choose(self, batch_size: int) -> Decision:
         st = self._buckets.setdefault(bucket(batch_size), _Bucket())
         st.steps += 1
         cands = self.candidates(batch_size)
-        if st.probe in cands and st.probe_left > 0:
+        if st.probe is not None and st.probe <= self._cap(batch_size) and st.probe_left > 0:
             st.probe_left -= 1
             return Decision(st.probe, True)
         st.probe = None
@@ -142,7 +148,8 @@ class DepthPolicy:
             if st.steps >= st.next_reprobe:
                 st.interval = min(2 * st.interval, self.reprobe_every)
                 st.next_reprobe = st.steps + st.interval
-                others = [d for d in cands if d != best]
+                # every depth under the cap, those tau ruled out too: their acceptance is only seen when drafted
+                others = [d for d in range(1, self._cap(batch_size) + 1) if d != best]
                 if others:
                     st.turn = (st.turn + 1) % len(others)
                     return self._start_probe(st, others[st.turn])

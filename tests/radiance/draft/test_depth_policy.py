@@ -102,9 +102,12 @@ def test_probes_each_depth_then_reprobes_rarely():
 
 def test_tau_floor_and_schedule_cap_bound_the_candidates():
     p = DepthPolicy(4, tau=0.3, schedule=((1, 4), (16, 2)))
-    p.acceptance.observe([4] * 10, [4, 4, 4, 2, 2, 2, 1, 1, 0, 0])   # rates .8 .6 .3 .3
+    p.acceptance.observe([4] * 10, [0] * 10)                          # one bad step: too little to rule on
     assert p.candidates(1) == [1, 2, 3, 4]
-    p.acceptance.observe([4] * 10, [2] * 10)                          # pos 3 and 4 drop below .3
+    p = DepthPolicy(4, tau=0.3, schedule=((1, 4), (16, 2)))
+    p.acceptance.observe([4] * 40, [4, 4, 4, 2, 2, 2, 1, 1, 0, 0] * 4)   # rates .8 .6 .3 .3
+    assert p.candidates(1) == [1, 2, 3, 4]
+    p.acceptance.observe([4] * 40, [2] * 40)                          # pos 3 and 4 drop below .3
     assert p.candidates(1) == [1, 2]
     assert p.candidates(32) == [1, 2]
     assert all(p.choose(32).depth <= 2 for _ in range(50))
@@ -136,3 +139,15 @@ def test_one_time_costs_on_the_first_steps_do_not_settle_the_policy_on_the_wrong
         eng.step(8)
     tail = eng.chosen[120:]
     assert max(set(tail), key=tail.count) == 4, eng.chosen[:80]
+
+
+def test_a_depth_tau_ruled_out_is_still_re_probed_and_comes_back_when_accepted_again():
+    eng = Engine(DepthPolicy(4, tau=0.3), {1: 0.020, 2: 0.0205, 3: 0.021, 4: 0.0215}, [0.8, 0.0, 0.0, 0.0])
+    for _ in range(150):
+        eng.step(8)
+    assert eng.policy.candidates(8) == [1] and eng.chosen[-50:].count(1) > 45
+    eng.rates = [0.9, 0.85, 0.8, 0.75]          # the traffic changes: deep drafts pay again
+    for _ in range(600):
+        eng.step(8)
+    tail = eng.chosen[-150:]
+    assert max(set(tail), key=tail.count) == 4, eng.chosen[-300:]
