@@ -26,6 +26,10 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+# dynamic-draft pads each request's drafts to k: vLLM counts the padding as drafted (and, almost always,
+# rejected). radiance's engine counts per position only the drafts really made and their acceptance.
+DRAFTED_REAL = "radiance:draft_position_drafts_total"
+ACCEPTED_REAL = "radiance:draft_position_accepted_total"
 RADIANCE_PREFIX = "radiance:"
 
 
@@ -39,16 +43,23 @@ class SpecCounters:
     draft_tokens: float = 0.0
     accepted: float = 0.0
     accepted_per_pos: dict[int, float] = field(default_factory=dict)
+    drafted_real: dict[int, float] = field(default_factory=dict)    # dynamic-draft: drafts made, per position
+    accepted_real: dict[int, float] = field(default_factory=dict)   # and accepted, per position
 
     def minus(self, before: "SpecCounters") -> "SpecCounters":
+        def sub(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
+            return {p: v - b.get(p, 0.0) for p, v in a.items()}
+
         d = SpecCounters(
             drafts=self.drafts - before.drafts,
             draft_tokens=self.draft_tokens - before.draft_tokens,
             accepted=self.accepted - before.accepted,
-            accepted_per_pos={p: v - before.accepted_per_pos.get(p, 0.0)
-                              for p, v in self.accepted_per_pos.items()},
+            accepted_per_pos=sub(self.accepted_per_pos, before.accepted_per_pos),
+            drafted_real=sub(self.drafted_real, before.drafted_real),
+            accepted_real=sub(self.accepted_real, before.accepted_real),
         )
-        if min([d.drafts, d.draft_tokens, d.accepted, *d.accepted_per_pos.values()]) < 0:
+        if min([d.drafts, d.draft_tokens, d.accepted, *d.accepted_per_pos.values(), *d.drafted_real.values(),
+                *d.accepted_real.values()]) < 0:
             raise MetricsError("spec-decode counters went backwards between the two reads "
                                "(the server restarted during the gate?)")
         return d
@@ -102,6 +113,10 @@ def parse(text: str) -> Snapshot:
                     continue  # _created timestamps and future additions
                 seen_spec = True
             elif name.startswith(RADIANCE_PREFIX) and not name.startswith("radiance:patch_status"):
+                if name in (DRAFTED_REAL, ACCEPTED_REAL) and s.labels.get("position", "").isdigit():
+                    into = spec.drafted_real if name == DRAFTED_REAL else spec.accepted_real
+                    pos = int(s.labels["position"])
+                    into[pos] = into.get(pos, 0.0) + s.value
                 # (the patch outcomes are the deployment's state, not a counter of the gate's traffic)
                 key = _key(name, s.labels)
                 radiance[key] = radiance.get(key, 0.0) + s.value
@@ -118,10 +133,29 @@ def delta(before: Snapshot, after: Snapshot) -> SpecCounters | None:
 
 
 def acceptance_stats(d: SpecCounters) -> dict:
-    """The derived figures of a counter difference; rates are None when there was nothing to divide by."""
+    """The derived figures of a counter difference; rates are None when there was nothing to divide by.
+
+    Where dynamic-draft reported the drafts it really made (``drafted_real``), the drafter is judged on
+    those: the rate at position i is accepted / drafted there, and the mean acceptance length is
+    1 + the sum of those rates, what drafting every position would give. vLLM's own figures, which count
+    the padding as rejected drafts, are kept under ``served``."""
     drafts, tokens, accepted = d.drafts, d.draft_tokens, d.accepted
     positions = range(max(d.accepted_per_pos) + 1) if d.accepted_per_pos else range(0)
     per_pos_counts = [d.accepted_per_pos.get(p, 0.0) for p in positions]
+    if any(v > 0 for v in d.drafted_real.values()):
+        served = acceptance_stats(SpecCounters(drafts, tokens, accepted, d.accepted_per_pos))
+        real = range(max(d.drafted_real) + 1)
+        made = [d.drafted_real.get(p, 0.0) for p in real]
+        kept = [d.accepted_real.get(p, 0.0) for p in real]
+        rates = [k / n if n > 0 else None for k, n in zip(kept, made)]
+        known = [r for r in rates if r is not None]
+        return {**served, "basis": "drafted positions (dynamic-draft pads the rest)",
+                "num_drafted_per_pos": [_num(v) for v in made],
+                "num_accepted_drafted_per_pos": [_num(v) for v in kept],
+                "per_position": rates,
+                "mean_acceptance_length": 1.0 + sum(known) if known else None,
+                "acceptance_rate": sum(kept) / sum(made) if sum(made) > 0 else None,
+                "served": {k: served[k] for k in ("mean_acceptance_length", "acceptance_rate", "per_position")}}
     return {
         "num_drafts": _num(drafts),
         "num_draft_tokens": _num(tokens),

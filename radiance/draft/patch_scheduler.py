@@ -199,6 +199,8 @@ class DynamicDraftPatch(Patch):
             if scheduled.get(req_id) != len(tokens) + 1:
                 clean = False
         policy.observe(now, len(scheduled), drafted, accepted, made, clean)
+        if drafted:
+            self.counters.record_positions(drafted, accepted)
 
     def after_load(self, runner) -> str | None:
         """In the workers (whose rows ``radiance status`` shows): the engine core's rule, from the same

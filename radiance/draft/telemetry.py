@@ -1,6 +1,7 @@
 """What the depth policy did, as counters.
 
-The policy runs in vLLM's engine core, beside the scheduler; its counters join the payload of the report
+The policy runs in vLLM's engine core, beside the scheduler; its counters (the steps by depth, and per
+position the drafts really made and accepted, which vLLM's own counters cannot tell from the padding) join the payload of the report
 channel there (radiance/report: the scheduler's step stats carry it to the API server), which exports
 them next to ``vllm:spec_decode_*`` as the ``radiance:draft_*`` counters (``METRICS`` names them). One
 scheduler per engine, whatever the TP size, so nothing is counted twice.
@@ -24,6 +25,12 @@ def depth_field(depth: int) -> str:
 def _metric(name: str) -> tuple[str, str, dict]:
     if name.startswith("depth_"):
         return ("radiance:draft_depth_steps", "Steps by the draft depth chosen.", {"depth": name[6:]})
+    if name.startswith("drafted_"):   # 0-based positions, as vLLM's per-position counter
+        return ("radiance:draft_position_drafts", "Drafts that really reached this position (not padding).",
+                {"position": name[8:]})
+    if name.startswith("accepted_"):
+        return ("radiance:draft_position_accepted", "Drafted tokens accepted at this position.",
+                {"position": name[9:]})
     return METRICS[name]
 
 
@@ -45,6 +52,17 @@ class DraftCounters:
             c["probe_steps"] += int(probe)
             key = depth_field(depth)
             c[key] = c.get(key, 0) + 1
+
+    def record_positions(self, drafted: list[int], accepted: list[int]) -> None:
+        """One finished step: per request the drafts the drafter made (the padding left out) and how many
+        of them were accepted. What the gate's acceptance check reads where drafts are padded."""
+        with self._lock:
+            c = self._c
+            for n, a in zip(drafted, accepted):
+                for i in range(n):
+                    c[f"drafted_{i}"] = c.get(f"drafted_{i}", 0) + 1
+                for i in range(min(a, n)):
+                    c[f"accepted_{i}"] = c.get(f"accepted_{i}", 0) + 1
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

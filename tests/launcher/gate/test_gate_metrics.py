@@ -91,3 +91,32 @@ def test_unknown_spec_series_and_created_samples_are_ignored():
 def test_garbage_is_rejected():
     with pytest.raises(m.MetricsError):
         m.parse("this is { not prometheus\n")
+
+
+def test_dynamic_draft_padding_is_left_out_of_the_drafters_acceptance():
+    """vLLM counts dynamic-draft's padding as drafted and rejected; the engine's radiance counters say what
+    was really drafted at each position, and the gate judges the drafter on those."""
+    from launcher.gate import metrics as gm
+
+    text = "\n".join([
+        "# TYPE vllm:spec_decode_num_drafts counter", "vllm:spec_decode_num_drafts_total 10",
+        "# TYPE vllm:spec_decode_num_draft_tokens counter", "vllm:spec_decode_num_draft_tokens_total 40",
+        "# TYPE vllm:spec_decode_num_accepted_tokens counter", "vllm:spec_decode_num_accepted_tokens_total 12",
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 8',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 4',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 0',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="3"} 0',
+        "# TYPE radiance:draft_position_drafts counter",
+        'radiance:draft_position_drafts_total{position="0"} 10',
+        'radiance:draft_position_drafts_total{position="1"} 5',
+        'radiance:draft_position_drafts_total{position="2"} 2',
+        "# TYPE radiance:draft_position_accepted counter",
+        'radiance:draft_position_accepted_total{position="0"} 8',
+        'radiance:draft_position_accepted_total{position="1"} 4',
+        'radiance:draft_position_accepted_total{position="2"} 1', ""])
+    stats = gm.acceptance_stats(gm.delta(gm.parse(""), gm.parse(text)))
+    assert stats["per_position"] == [0.8, 0.8, 0.5]
+    assert stats["mean_acceptance_length"] == pytest.approx(3.1)
+    assert stats["served"]["mean_acceptance_length"] == pytest.approx(2.2)   # vLLM's: padding rejected
+    assert stats["basis"].startswith("drafted positions")

@@ -25,3 +25,13 @@ def test_take_deltas_gives_each_increase_once_named_for_prometheus():
     assert c.take_deltas() == []  # nothing new
     c.add(fallback_steps=2)
     assert [(n, d) for n, _, d, _ in c.take_deltas()] == [("radiance:draft_fallback_steps", 2)]
+
+
+def test_positions_count_real_drafts_and_their_acceptance():
+    c = DraftCounters()
+    c.record_positions([2, 4], [1, 4])
+    deltas = {(n, tuple(sorted(l.items()))): d for n, l, d, _ in c.take_deltas()}
+    assert deltas[("radiance:draft_position_drafts", (("position", "1"),))] == 2
+    assert deltas[("radiance:draft_position_drafts", (("position", "3"),))] == 1
+    assert deltas[("radiance:draft_position_accepted", (("position", "0"),))] == 2
+    assert deltas[("radiance:draft_position_accepted", (("position", "1"),))] == 1
