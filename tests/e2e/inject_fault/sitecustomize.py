@@ -68,7 +68,7 @@ def _inject() -> None:
         fused_allreduce._TP2_OP = planted
 
 
-if _DD_RANK is not None or _FP8_RANK is not None or _PLANT_RANK is not None:
+if _DD_AFTER is not None or _FP8_RANK is not None or _PLANT_RANK is not None:
     import radiance.plugin as _plugin
 
     _real_register = _plugin.register
