@@ -244,6 +244,14 @@ class Profile(_Strict):
             problem = getattr(f, feat.name).enabled and features.setup_refusal(feat.name, setup)
             if problem:
                 raise _Rule(f"features.{feat.name}", problem)
+        # A target-side feature changes the target's numerics; acceptance cannot see that (a damaged head the
+        # drafter shares keeps it), so the target check judges it, greedy agreement included (issue 38).
+        target_side = [feat.name for feat in features.FEATURES
+                       if feat.side == "target" and getattr(f, feat.name).enabled]
+        if target_side and self.gate.target.enabled and self.gate.target.min_prefix_agreement is None:
+            raise _Rule("gate.target", f"{', '.join(target_side)} changes the target's numerics, so greedy "
+                        "agreement with stock must be checked — fix: set gate.target.min_prefix_agreement (the "
+                        "shipped profiles use 0.2: profiles/tiny-cpu.yaml says why)")
         if self.gate.acceptance.enabled and d.type == "none" and _acceptance_thresholds_set(self.gate):
             raise _Rule("gate.acceptance", "acceptance thresholds need a drafter — fix: set drafter.type or "
                         "remove the acceptance thresholds")

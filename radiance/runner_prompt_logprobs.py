@@ -16,10 +16,21 @@ replaced by a copy taken right after the forward, on the same stream: the drafte
 the same values they would have read, from memory outside the graph pool. Any other step is untouched and
 costs one dictionary check. Always on with the plugin; V2 computes prompt logprobs its own way and is not
 hooked.
+
+The scoring scope (``SCORING``, installed with int4-head, which lists it in its ``PATCHES``): the head calls
+that compute prompt logprobs are told apart from every other head call by a bracket around the runner's
+prompt-logprob computation, V1's ``GPUModelRunner._get_prompt_logprobs_dict`` and V2's
+``PromptLogprobsWorker.compute_prompt_logprobs`` / ``compute_prompt_token_id_logprobs``; each calls the
+model's ``compute_logits`` on the prompt's hidden states, and nothing else runs inside. int4-head reads
+``SCORING.active()`` so that a prompt-logprob call takes the head path decode takes (the gate's target check
+scores through it; ``radiance.lmhead_int4.patch.Int4HeadMethod``). Every TP rank runs the same bookkeeping on
+the same requests, so every rank is inside the bracket for the same calls. Without int4-head nothing is
+bracketed: the stock reference (``radiance gate --record-reference``, every feature off) scores stock.
 """
 from __future__ import annotations
 
 import logging
+import threading
 
 from .patching import Hooks, Patch, resolve
 
@@ -27,6 +38,7 @@ logger = logging.getLogger("radiance")
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
 _STATE = "vllm.v1.worker.gpu_model_runner.ExecuteModelState"
+_V2_WORKER = "vllm.v1.worker.gpu.sample.prompt_logprob.PromptLogprobsWorker"
 VIA = "_radiance_prompt_logprobs"
 
 
@@ -78,4 +90,74 @@ class PromptLogprobsPatch(Patch):
         self.hook(RunnerHooks)
 
 
-PATCHES = [PromptLogprobsPatch()]
+class ScoringHooks(Hooks):
+    """V1's ``GPUModelRunner``: its prompt-logprob computation runs inside the scoring scope."""
+
+    target = _RUNNER
+    via = "_radiance_prompt_scoring"
+
+    def _get_prompt_logprobs_dict(self, *args, **kwargs):
+        if not self.num_prompt_logprobs:  # every step comes here; most have no prompt logprobs
+            return self._orig__get_prompt_logprobs_dict(*args, **kwargs)
+        scope = self._radiance_prompt_scoring
+        scope.enter()
+        try:
+            return self._orig__get_prompt_logprobs_dict(*args, **kwargs)
+        finally:
+            scope.exit()
+
+
+class V2ScoringHooks(Hooks):
+    """V2's ``PromptLogprobsWorker``: both of its prompt-logprob computations run inside the scoring scope."""
+
+    target = _V2_WORKER
+    via = "_radiance_prompt_scoring"
+
+    def compute_prompt_logprobs(self, *args, **kwargs):
+        scope = self._radiance_prompt_scoring
+        scope.enter()
+        try:
+            return self._orig_compute_prompt_logprobs(*args, **kwargs)
+        finally:
+            scope.exit()
+
+    def compute_prompt_token_id_logprobs(self, *args, **kwargs):
+        scope = self._radiance_prompt_scoring
+        scope.enter()
+        try:
+            return self._orig_compute_prompt_token_id_logprobs(*args, **kwargs)
+        finally:
+            scope.exit()
+
+
+class PromptScoringScope(Patch):
+    """The bracket around the runner's prompt-logprob head calls (module docstring). One instance,
+    ``SCORING``, listed in int4-head's ``PATCHES``; ``active()`` is per thread."""
+
+    name = "prompt_logprobs.scoring_scope"
+    feature = ""  # installed by the features that read it (int4-head), never on its own
+    hook_points = (f"{_RUNNER}._get_prompt_logprobs_dict", f"{_V2_WORKER}.compute_prompt_logprobs",
+                   f"{_V2_WORKER}.compute_prompt_token_id_logprobs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._local = threading.local()
+
+    def active(self) -> bool:
+        """True while the runner computes prompt logprobs (in this thread)."""
+        return getattr(self._local, "depth", 0) > 0
+
+    def enter(self) -> None:
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+
+    def exit(self) -> None:
+        self._local.depth -= 1
+
+    def apply(self) -> None:
+        self.hook(ScoringHooks)
+        self.hook(V2ScoringHooks)
+
+
+SCORING = PromptScoringScope()
+
+PATCHES = [PromptLogprobsPatch()]  # SCORING is installed by int4-head (radiance/lmhead_int4/patch.py)

@@ -201,7 +201,7 @@ class TargetConfig(_Section):
     # How far the mean NLL (nats per token) may rise above the reference's; None: not checked.
     max_nll_increase: float | None = Field(None, ge=0)
     # Tokens before the first difference, summed over the prompts, over the reference's tokens; None: not
-    # checked.
+    # checked, and refused where a target-side feature is on and this check is too (launcher/profile.py).
     min_prefix_agreement: float | None = None
     # The share of prompts whose greedy output equals the reference's to the end; None: not checked.
     min_full_agreement: float | None = None

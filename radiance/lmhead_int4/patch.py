@@ -23,7 +23,10 @@ On a GPU the 4-bit head must also earn its place: it is timed against the bf16 h
 the deployment's head calls have (verification rows B x (k + 1), and the MTP drafter's B rows per slot);
 calls above the row count where 4 bits start to lose go to the bf16 weight, which then stays loaded
 (recorded as ``partial``), and where they lose at every row count the feature declines
-(``radiance.lmhead_int4.speed``).
+(``radiance.lmhead_int4.speed``). Prompt logprobs are the exception: vLLM computes them in one head call over
+every prompt token, far above that row count, and the gate's target check scores through them; those calls
+(the runner's prompt-logprob computation, bracketed by ``radiance.runner_prompt_logprobs.SCORING``) take the
+4-bit head in calls of at most the plan's row count, so the check measures the head decode serves.
 
 Declined (stock head, one log line, and recorded as the feature's outcome in the report): a head
 tied to the input embedding (``tie_word_embeddings`` of the text config: it is also read by
@@ -44,6 +47,7 @@ import torch
 
 from ..kernels import w4a16_gemm as w4k
 from ..patching import Outcome, Patch, report, resolve
+from ..runner_prompt_logprobs import SCORING
 from ..w4 import convert
 from . import speed
 from ..w4.patch_drafter import w4_guard
@@ -59,16 +63,36 @@ _LOADER = "vllm.model_executor.model_loader.base_loader.BaseModelLoader.load_mod
 
 class Int4HeadMethod(convert.W4Method):
     """lm_head method: logits through the 4-bit GEMM up to ``w4_max_rows`` rows per call, through the
-    loaded bf16 weight above (the speed rule's plan); the head is never an embedding."""
+    loaded bf16 weight above (the speed rule's plan); the head is never an embedding.
+
+    Except prompt logprobs: a call the runner makes to compute them (``SCORING`` is active) is served by the
+    4-bit head whatever its rows, in calls of at most ``w4_max_rows`` rows, so what the gate's target check
+    scores is the head decode uses, not the bf16 one that only large verification calls reach. Each row's
+    logits depend on that row alone, so the chunks change which kernel call serves a row, not the weights
+    or the arithmetic it goes through; the float result may differ from one whole call in the last bit by
+    summation order (the kernel picks its blocking per row count), as decode's own batches already do."""
 
     def __init__(self, inner, group_size: int, w4_max_rows: int | None = None) -> None:
         super().__init__(inner, group_size)
         self.w4_max_rows = w4_max_rows  # None: every call is 4-bit (the bf16 weight was freed)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.w4_max_rows is not None and x.numel() // x.shape[-1] > self.w4_max_rows:
+        limit = self.w4_max_rows
+        if limit is not None and x.numel() // x.shape[-1] > limit:
+            if SCORING.active():
+                return self._apply_in_chunks(layer, x, bias, limit)
             return self._inner.apply(layer, x, bias)
         return super().apply(layer, x, bias)
+
+    def _apply_in_chunks(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                         rows: int) -> torch.Tensor:
+        """The 4-bit head over ``x`` in calls of at most ``rows`` rows, written into one output."""
+        x2 = x.reshape(-1, x.shape[-1])
+        out = x2.new_empty((x2.shape[0], layer.w4_scales.shape[1]))
+        for a in range(0, x2.shape[0], rows):
+            out[a:a + rows] = w4k.gemm(x2[a:a + rows], layer.w4_qweight, layer.w4_scales, self.group_size)
+        out = out.reshape(*x.shape[:-1], out.shape[-1])
+        return out if bias is None else out + bias
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("radiance int4-head: a 4-bit lm_head cannot be used as an embedding "
@@ -250,6 +274,8 @@ class Int4HeadPatch(Patch):
             rows, w4_us, bf_us = plan.lost_at
             why = (f"4-bit for head calls of up to {plan.w4_max_rows} rows, the bf16 head above ({rows} rows: "
                    f"{w4_us:.0f} vs {bf_us:.0f} µs per call); the bf16 head stays loaded (+{after / 2**30:.2f} GiB)")
+            why += ("; prompt logprobs take the 4-bit head in calls of up to that many rows" if SCORING.applied
+                    else "; prompt logprobs score the bf16 head (the scoring scope was declined)")
             logger.info("radiance: int4-head: %s [%d, %d] -> 4-bit g%d: %s", prefix, shape[0], shape[1],
                         self.group_size, why)
             report().record(Outcome(self.name, self.feature, "partial", why))
@@ -262,4 +288,4 @@ class Int4HeadPatch(Patch):
         return True
 
 
-PATCHES = [DRAFT_SCOPE, Int4HeadPatch()]
+PATCHES = [DRAFT_SCOPE, SCORING, Int4HeadPatch()]

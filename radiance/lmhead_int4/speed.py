@@ -16,6 +16,12 @@ memory than the bf16 head alone). Where 4 bits win at every row count the bf16 w
 they lose already at the smallest, the feature declines with the numbers in its reason. A step is
 therefore never slower than stock's by the rule's own timings, whichever calls the drafter makes.
 
+Prompt logprobs are not decode: vLLM computes them in one head call over every prompt token (the gate's
+target check scores ~500 tokens so), above the plan's row count. Those calls, and only those (the runner's
+prompt-logprob computation, ``radiance.runner_prompt_logprobs.SCORING``), take the 4-bit head in calls of at
+most ``w4_max_rows`` rows (``Int4HeadMethod``): the check then scores the head decode serves, and decode's
+own calls keep the plan.
+
 On a CPU the rule is not applied: the reference path serves the tests' numerics, not speed.
 """
 from __future__ import annotations

@@ -19,6 +19,8 @@ features:
 parallel:
   tp: 1
 """
+# What a profile with a target-side feature (int4-head, fp8-stream) adds: greedy agreement checked.
+CHECKED = "gate:\n  target:\n    min_prefix_agreement: 0.2\n"
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "profiles").glob("*.yaml")), ids=lambda p: p.name)
@@ -106,7 +108,7 @@ def test_radiance_fp8_quantization_reaches_the_engine(tmp_path):
 
     text = GOOD.replace("  path: builtin:tiny-qwen3next", "  path: builtin:tiny-qwen3next\n  quantization: radiance_fp8") \
         .replace("  tp: 1", "  tp: 2").replace("  dynamic_draft: true", "  dynamic_draft: true\n  fp8_stream: true")
-    prof = parse_profile(text, "x.yaml")
+    prof = parse_profile(text + CHECKED, "x.yaml")
     cfg = engine_args.build(prof, platform="cpu", host="127.0.0.1", port=8000, model_arg="/m",
                             model_dir=None, environ={})
     args = cfg.server_args
@@ -118,7 +120,7 @@ def test_radiance_fp8_quantization_reaches_the_engine(tmp_path):
 def test_gdn_norm_quant_rides_on_fp8_stream(tmp_path):
     from launcher import engine_args
 
-    base = GOOD.replace("  tp: 1", "  tp: 2")
+    base = GOOD.replace("  tp: 1", "  tp: 2") + CHECKED
     on = parse_profile(base.replace("  dynamic_draft: true", "  dynamic_draft: true\n  fp8_stream:\n"
                                     "    enabled: true\n    gdn_norm_quant: true"), "x.yaml")
     cfg = engine_args.build(on, platform="cpu", host="127.0.0.1", port=8000, model_arg="/m",
@@ -182,7 +184,8 @@ def test_gpu_engines_with_a_loaded_drafter_and_a_draft_or_head_feature_get_runne
 
     assert runner(GOOD) == "0" and runner(GOOD, "rocm") == "0"
     assert runner(GOOD, "cpu") is None
-    only_int4 = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: true")
+    only_int4 = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: true") \
+        + CHECKED
     assert runner(only_int4) == "0"
     nothing = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: false")
     assert runner(nothing) is None
@@ -201,3 +204,14 @@ def test_check_states_the_runner_and_warns_when_a_profile_forces_v2_on_the_featu
     assert status == "warn" and "fix:" in detail
     plain = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: false")
     assert runner_finding(parse_profile(plain, "x.yaml")) == ("ok", "vLLM's default (Model Runner V2 on GPUs)")
+
+
+def test_a_target_side_feature_needs_greedy_agreement_checked():
+    """int4-head and fp8-stream change the target's numerics: with the target check on, its greedy prefix
+    agreement must be a threshold (issue 38); draft-side features and a target check that is off need none."""
+    int4 = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: true\n  int4_head: true")
+    line = _error(int4)
+    assert "gate.target" in line and "int4_head" in line and "fix: set gate.target.min_prefix_agreement" in line
+    assert parse_profile(int4 + CHECKED, "x.yaml").gate.target.min_prefix_agreement == 0.2
+    assert not parse_profile(int4 + "gate:\n  target:\n    enabled: false\n", "x.yaml").gate.target.enabled
+    assert parse_profile(GOOD, "x.yaml").gate.target.min_prefix_agreement is None

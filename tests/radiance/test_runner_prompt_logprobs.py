@@ -66,3 +66,72 @@ def test_other_steps_are_left_as_vllm_made_them(hooked):
     runner.execute_model(3)
     assert runner.execute_model_state.hidden_states.data_ptr() == pool.data_ptr()
     assert patch.copies == 0
+
+
+# -- the scoring scope (SCORING): which head calls compute prompt logprobs ---------------------------------
+
+def test_the_scoring_scope_brackets_v1_prompt_logprobs_and_nothing_else():
+    from radiance.runner_prompt_logprobs import PromptScoringScope, ScoringHooks
+
+    class FakeRunner:
+        num_prompt_logprobs: dict[str, int] = {}
+
+        def _get_prompt_logprobs_dict(self, hidden_states, num_scheduled_tokens):
+            return {"inside": scope.active()}
+
+    scope = PromptScoringScope()
+    scope.hook(ScoringHooks, owner=FakeRunner)
+    try:
+        runner = FakeRunner()
+        assert runner._get_prompt_logprobs_dict(None, {}) == {"inside": False}   # no request asks: untouched
+        runner.num_prompt_logprobs = {"req-0": 0}
+        assert runner._get_prompt_logprobs_dict(None, {}) == {"inside": True}
+        assert not scope.active()
+    finally:
+        scope.revert()
+
+
+def test_the_scoring_scope_brackets_v2s_prompt_logprob_worker_and_unwinds_on_errors():
+    from radiance.runner_prompt_logprobs import PromptScoringScope, V2ScoringHooks
+
+    class FakeWorker:
+        def compute_prompt_logprobs(self, logits_fn, *args):
+            return logits_fn()
+
+        def compute_prompt_token_id_logprobs(self, logits_fn, *args):
+            raise RuntimeError("boom")
+
+    scope = PromptScoringScope()
+    scope.hook(V2ScoringHooks, owner=FakeWorker)
+    try:
+        worker = FakeWorker()
+        assert worker.compute_prompt_logprobs(scope.active) is True
+        with pytest.raises(RuntimeError):
+            worker.compute_prompt_token_id_logprobs(scope.active)
+        assert not scope.active()
+    finally:
+        scope.revert()
+
+
+def test_the_scoring_scope_is_installed_by_int4_head_only():
+    """The stock reference (every feature off) must score stock: nothing is bracketed without int4-head."""
+    from radiance import runner_prompt_logprobs
+    from radiance.lmhead_int4.patch import PATCHES as HEAD_PATCHES
+
+    assert runner_prompt_logprobs.SCORING in HEAD_PATCHES
+    assert runner_prompt_logprobs.SCORING not in runner_prompt_logprobs.PATCHES
+
+
+def test_the_stock_engine_brackets_nothing(monkeypatch):
+    """``radiance gate --record-reference`` starts the engine with every feature knob at 0: the plugin then
+    installs no scoring scope, and its prompt logprobs come from vLLM's own head calls."""
+    from radiance import plugin
+    from radiance.features import FEATURES
+    from radiance.runner_prompt_logprobs import SCORING
+
+    for feat in FEATURES:
+        monkeypatch.setenv(feat.knob, "0")
+    patches, _ = plugin.load_patches()
+    assert SCORING not in patches
+    monkeypatch.setenv("RADIANCE_INT4_HEAD", "1")
+    assert SCORING in plugin.load_patches()[0]

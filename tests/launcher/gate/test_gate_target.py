@@ -199,7 +199,8 @@ def test_cli_records_a_reference_from_an_endpoint_and_gates_by_it(tmp_path):
 
 
 def test_cli_output_needs_record_reference(tmp_path):
-    res = CliRunner().invoke(cli, ["gate", str(_cli_profile(tmp_path)), "--url", "http://127.0.0.1:9", "--output",
+    res = CliRunner().invoke(cli, ["gate", str(_cli_profile(tmp_path, min_prefix_agreement=0.2)), "--url",
+                                   "http://127.0.0.1:9", "--output",
                                    str(tmp_path / "x.json")], catch_exceptions=False)
     assert res.exit_code == 2 and "--output is for --record-reference" in res.output
 

@@ -176,3 +176,142 @@ def test_a_plan_that_never_wins_leaves_the_head_stock_with_fake_gpu_timings(int4
     head.quant_method.process_weights_after_loading(head)
     assert head.quant_method is method and not hasattr(head, "w4_qweight")
     assert "already at 5 rows" in int4.declined["lm_head"]
+
+
+# -- prompt logprobs take the serving head path (issue 38: the gate's target check scores through them) ------
+
+@pytest.fixture
+def int4_scoring(int4, vllm_cpu):
+    from radiance.runner_prompt_logprobs import SCORING
+
+    assert SCORING.install(vllm_cpu.__version__).status == "applied"
+    yield int4
+    SCORING.revert()
+
+
+def _partial_head(int4, monkeypatch, limit: int):
+    """A head converted under a faked GPU speed plan: 4 bits up to ``limit`` rows, the bf16 head kept."""
+    from radiance.lmhead_int4 import speed
+
+    monkeypatch.setattr(int4, "_plan_for", lambda *a: speed.Plan(limit, lost_at=(2 * limit, 90.0, 60.0)))
+    head, _ = _head()
+    head.quant_method.process_weights_after_loading(head)
+    assert isinstance(head.quant_method, Int4HeadMethod) and head.quant_method.w4_max_rows == limit
+    return head
+
+
+def _rowwise_w4(head, h):
+    """The 4-bit head applied one row at a time: what no chunking or batching can have touched."""
+    return torch.cat([wk.w4a16_gemm_reference(h[i:i + 1], head.w4_qweight, head.w4_scales, 128)
+                      for i in range(h.shape[0])])
+
+
+def _spy_paths(monkeypatch, head):
+    """Rows of every 4-bit GEMM call and of every call that went to the kept bf16 head."""
+    seen = {"w4": [], "bf16": []}
+    gemm, inner = head_patch.w4k.gemm, head.quant_method._inner
+
+    def w4(x, *a):
+        seen["w4"].append(x.shape[0])
+        return gemm(x, *a)
+
+    class Bf16Spy:
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+        def apply(self, layer, x, bias=None):
+            seen["bf16"].append(x.shape[0])
+            return inner.apply(layer, x, bias)
+
+    monkeypatch.setattr(head_patch.w4k, "gemm", w4)
+    head.quant_method._inner = Bf16Spy()
+    return seen
+
+
+def test_chunking_a_head_call_changes_only_the_summation_order():
+    """The exactness claim, on this CPU's reference kernel: a row's logits come from that row alone, so a call
+    split into chunks gives every row what the 4-bit head gives it alone, up to the float summation order the
+    matmul picks for its row count (fp32 activations: ~1e-7 relative; bf16 output: at most one ulp)."""
+    from radiance.w4 import quant
+
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn((1000, HIDDEN), generator=gen) * 0.02
+    qw, sc = quant.quantize_pack(w, 128, scale_dtype=torch.bfloat16)
+    for dtype, rtol, atol in ((torch.float32, 1e-5, 1e-6), (torch.bfloat16, 2 ** -7, 1e-5)):
+        x = torch.randn((53, HIDDEN), generator=gen).to(dtype)
+        rows = torch.cat([wk.w4a16_gemm_reference(x[i:i + 1], qw, sc, 128) for i in range(53)])
+        whole = wk.w4a16_gemm_reference(x, qw, sc, 128)
+        chunks = torch.cat([wk.w4a16_gemm_reference(x[a:a + 8], qw, sc, 128) for a in range(0, 53, 8)])
+        torch.testing.assert_close(chunks, rows, rtol=rtol, atol=atol)
+        torch.testing.assert_close(whole, rows, rtol=rtol, atol=atol)
+
+
+def test_prompt_logprobs_score_the_4bit_head_in_chunks_and_decode_keeps_the_plan_with_fake_gpu_timings(
+        int4_scoring, monkeypatch):
+    """A partial plan (4 bits up to 4 rows, faked: the speed rule times heads only on a GPU). vLLM's own V1
+    prompt-logprob computation (GPUModelRunner._get_prompt_logprobs_dict, on a runner holding only what it
+    reads) over a 23-token prompt: 22 rows, one head call, served by the 4-bit head in calls of <= 4 rows,
+    the logprobs those of the 4-bit head applied row by row. A verification call of 6 rows outside it still
+    goes to the bf16 head."""
+    import numpy as np
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    head = _partial_head(int4_scoring, monkeypatch, limit=4)
+    seen = _spy_paths(monkeypatch, head)
+    n = 23
+    gen = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, VOCAB, (n,), generator=gen).tolist()
+    hidden = (torch.randn((n, HIDDEN), generator=gen) * 4).to(torch.bfloat16)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm_head, self.logits_processor = head, LogitsProcessor(VOCAB)
+            self.logits: list[torch.Tensor] = []
+
+        def compute_logits(self, h):
+            self.logits.append(self.logits_processor(self.lm_head, h))
+            return self.logits[-1]
+
+    class Runner(GPUModelRunner):  # vLLM's method on the state it reads; no engine
+        def __init__(self):
+            self.model, self.device, self.sampler = Model(), torch.device("cpu"), Sampler()
+            self.num_prompt_logprobs = {"req-0": 0}
+            self.requests = {"req-0": types.SimpleNamespace(prompt_token_ids=prompt, num_computed_tokens=0,
+                                                            in_progress_prompt_logprobs_cpu=None)}
+            self.input_batch = types.SimpleNamespace(req_id_to_index={"req-0": 0})
+            self.query_start_loc = types.SimpleNamespace(np=np.array([0, n]))
+            self.model_config = types.SimpleNamespace(logprobs_mode="raw_logprobs")
+
+        def _sync_device(self):
+            pass
+
+    runner = Runner()
+    out = runner._get_prompt_logprobs_dict(hidden, {"req-0": n})["req-0"]
+    assert seen == {"w4": [4, 4, 4, 4, 4, 2], "bf16": []}   # 22 rows, chunks of <= 4, never the bf16 head
+    rowwise = _rowwise_w4(head, hidden[:n - 1])[:, :VOCAB]
+    torch.testing.assert_close(runner.model.logits[0], rowwise)
+    want = rowwise.float().log_softmax(-1).gather(-1, torch.tensor(prompt[1:]).unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(out.logprobs[:, 0], want, rtol=0, atol=2e-3)
+    bf16 = torch.nn.functional.linear(hidden[:n - 1], head.weight)[:, :VOCAB].float().log_softmax(-1)
+    bf16 = bf16.gather(-1, torch.tensor(prompt[1:]).unsqueeze(-1)).squeeze(-1)
+    assert float((out.logprobs[:, 0] - bf16).abs().max()) > 10 * 2e-3   # the bf16 head scores visibly else
+
+    # decode: a verification call above the limit, outside the prompt-logprob computation, keeps the plan
+    seen["w4"].clear()
+    verify = hidden[:6]
+    assert torch.equal(head.quant_method.apply(head, verify), torch.nn.functional.linear(verify, head.weight))
+    assert seen == {"w4": [], "bf16": [6]}
+    head.quant_method.apply(head, hidden[:3])
+    assert seen == {"w4": [3], "bf16": [6]}
+    assert "prompt logprobs take the 4-bit head" in patching.report().outcomes[int4_scoring.name].reason
+
+
+def test_without_the_scoring_scope_a_partial_plan_says_prompt_logprobs_score_bf16(int4, monkeypatch):
+    head = _partial_head(int4, monkeypatch, limit=4)
+    assert "prompt logprobs score the bf16 head" in patching.report().outcomes[int4.name].reason
+    seen = _spy_paths(monkeypatch, head)
+    head.quant_method.apply(head, torch.randn(6, HIDDEN).to(torch.bfloat16))
+    assert seen == {"w4": [], "bf16": [6]}
