@@ -76,7 +76,7 @@ def _assert_report_reaches_the_gateway(url: str) -> None:
 
     metrics = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
     steps = [ln for ln in metrics.splitlines() if ln.startswith("radiance:draft_steps_total")]
-    assert steps and float(steps[0].split()[-1]) > 0, steps  # the gate's traffic went through the controller
+    assert steps and float(steps[0].split()[-1]) > 0, steps  # the gate's traffic went through the depth policy
     assert "radiance:patch_status{" in metrics
     code, st = http_json(url + "/radiance/status")
     assert code == 200, st

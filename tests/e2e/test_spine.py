@@ -57,7 +57,7 @@ def test_status_reports_gate_and_patches(tiny):
     for feature in ("dynamic_draft", "w4_drafter", "int4_head"):
         assert features[feature]["status"] == "applied", (feature, features[feature])
     assert features["fp8_stream"]["status"] == "disabled"
-    # The gate's traffic ran through the controller: its counters are there.
+    # The gate's traffic ran through the depth policy: its counters are there.
     assert st["telemetry"].get("draft_steps", 0) > 0, st["telemetry"]
 
 
@@ -65,7 +65,7 @@ def test_engine_really_runs_the_plugin(tiny):
     """Lines only the plugin inside vLLM writes (the supervisor's own first line is "[radiance] python -m
     vllm..."): its hook installs and what the patches did to the weights."""
     log = open(tiny.state()["engine_log"]).read()
-    assert "radiance: replaced vllm.v1.spec_decode" in log and " for dynamic_draft" in log
+    assert "radiance: replaced vllm.v1.core.sched.scheduler.Scheduler.schedule" in log and " for dynamic_draft" in log
     assert "radiance: int4-head: lm_head" in log
     assert "radiance: w4-drafter converted" in log
 
