@@ -94,10 +94,10 @@ class SchedulerHooks(Hooks):
 class DynamicDraftPatch(Patch):
     name = "dynamic_draft.scheduler"
     feature = "dynamic_draft"
-    hook_points = (
+    hook_points = (  # the first is one no base class of vLLM's defines too (tests/e2e/test_plugin_declines.py)
+        "vllm.v1.core.sched.output.SchedulerOutput.num_spec_tokens_to_schedule",
         f"{_SCHED}.schedule",
         f"{_SCHED}.update_from_output",
-        "vllm.v1.core.sched.output.SchedulerOutput.num_spec_tokens_to_schedule",
         f"{RUNNER}.propose_draft_token_ids",
     )
 

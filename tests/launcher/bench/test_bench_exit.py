@@ -42,6 +42,13 @@ def _report(sets: dict[str, dict[int, str]]) -> dict:
 
 @pytest.fixture
 def bench(monkeypatch, isolated_home, tmp_path):
+    from launcher import console
+
+    # the table's verdicts must not wrap: another test in the same process can leave the console narrower
+    # than COLUMNS says (seen under xdist in CI)
+    monkeypatch.setattr(console.out, "_width", 250)
+    monkeypatch.setattr(console.err, "_width", 250)
+
     def invoke(sets: dict, *extra: str):
         monkeypatch.setattr(run, "bench", lambda *a, **kw: _report(sets))
         return CliRunner().invoke(cli, ["bench", str(REPO / "profiles/tiny-cpu.yaml"), "--sets", "stock",
