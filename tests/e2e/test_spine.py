@@ -65,7 +65,8 @@ def test_engine_really_runs_the_plugin(tiny):
     """Lines only the plugin inside vLLM writes (the supervisor's own first line is "[radiance] python -m
     vllm..."): its hook installs and what the patches did to the weights."""
     log = open(tiny.state()["engine_log"]).read()
-    assert "radiance: replaced vllm.v1.core.sched.scheduler.Scheduler.schedule" in log and " for dynamic_draft" in log
+    assert any("radiance: replaced" in ln and "Scheduler.schedule" in ln and " for dynamic_draft" in ln
+               for ln in log.splitlines())
     assert "radiance: int4-head: lm_head" in log
     assert "radiance: w4-drafter converted" in log
 
