@@ -99,12 +99,8 @@ class ScoringHooks(Hooks):
     def _get_prompt_logprobs_dict(self, *args, **kwargs):
         if not self.num_prompt_logprobs:  # every step comes here; most have no prompt logprobs
             return self._orig__get_prompt_logprobs_dict(*args, **kwargs)
-        scope = self._radiance_prompt_scoring
-        scope.enter()
-        try:
+        with self._radiance_prompt_scoring:
             return self._orig__get_prompt_logprobs_dict(*args, **kwargs)
-        finally:
-            scope.exit()
 
 
 class V2ScoringHooks(Hooks):
@@ -114,20 +110,12 @@ class V2ScoringHooks(Hooks):
     via = "_radiance_prompt_scoring"
 
     def compute_prompt_logprobs(self, *args, **kwargs):
-        scope = self._radiance_prompt_scoring
-        scope.enter()
-        try:
+        with self._radiance_prompt_scoring:
             return self._orig_compute_prompt_logprobs(*args, **kwargs)
-        finally:
-            scope.exit()
 
     def compute_prompt_token_id_logprobs(self, *args, **kwargs):
-        scope = self._radiance_prompt_scoring
-        scope.enter()
-        try:
+        with self._radiance_prompt_scoring:
             return self._orig_compute_prompt_token_id_logprobs(*args, **kwargs)
-        finally:
-            scope.exit()
 
 
 class PromptScoringScope(Patch):
@@ -147,10 +135,11 @@ class PromptScoringScope(Patch):
         """True while the runner computes prompt logprobs (in this thread)."""
         return getattr(self._local, "depth", 0) > 0
 
-    def enter(self) -> None:
+    def __enter__(self) -> "PromptScoringScope":
         self._local.depth = getattr(self._local, "depth", 0) + 1
+        return self
 
-    def exit(self) -> None:
+    def __exit__(self, *exc) -> None:
         self._local.depth -= 1
 
     def apply(self) -> None:

@@ -116,7 +116,7 @@ class DepthPolicy:
         self.reprobe_every = reprobe_every
         self.acceptance = AcceptanceEstimate(k)
         self._buckets: dict[int, _Bucket] = {}
-        self._last: tuple[float, int, int] | None = None   # (time, bucket, depth) of the last clean step
+        self._last: tuple[float, int] | None = None   # (time, bucket) of the last clean step
 
     # -- the scheduler's question ----------------------------------------------------------------
     def candidates(self, batch_size: int) -> list[int]:
@@ -164,19 +164,20 @@ class DepthPolicy:
         s = st.speed.get(depth)
         return s is not None and s.samples >= MIN_SAMPLES and self.acceptance.expected_tokens(depth) is not None
 
+    def _worth(self, st: _Bucket, cands: list[int]) -> dict[int, float]:
+        """Expected tokens per second of each measured candidate."""
+        return {d: self.acceptance.expected_tokens(d) * st.speed[d].rate for d in cands if self._measured(st, d)}
+
     def _best(self, st: _Bucket, cands: list[int]) -> int:
-        scored = [(self.acceptance.expected_tokens(d) * st.speed[d].rate, d) for d in cands if self._measured(st, d)]
-        if not scored:
+        worth = self._worth(st, cands)
+        if not worth:
             return max(cands)   # the configured depth (or the cap): what stock would run
-        return max(scored)[1]
+        return max(worth, key=lambda d: (worth[d], d))
 
     def worth(self, batch_size: int) -> dict[int, float]:
         """Expected tokens per second of each measured candidate at this batch size (telemetry, tests)."""
         st = self._buckets.get(bucket(batch_size))
-        if st is None:
-            return {}
-        return {d: self.acceptance.expected_tokens(d) * st.speed[d].rate
-                for d in self.candidates(batch_size) if self._measured(st, d)}
+        return self._worth(st, self.candidates(batch_size)) if st is not None else {}
 
     # -- what a finished step told the scheduler -------------------------------------------------
     def observe(self, now: float, batch_size: int, drafted: Sequence[int], accepted: Sequence[int],
@@ -187,7 +188,7 @@ class DepthPolicy:
         if drafted:
             self.acceptance.observe(drafted, accepted)
         b = bucket(batch_size)
-        last, self._last = self._last, (now, b, depth) if clean else None
+        last, self._last = self._last, (now, b) if clean else None
         if not clean or last is None or last[1] != b:
             return
         dt = now - last[0]
