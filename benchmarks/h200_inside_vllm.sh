@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The appliance inside vLLM's GPU build on the H200 machine (docs/benchmarks.md, "Inside vLLM on the H200"):
 #   bash benchmarks/h200_inside_vllm.sh STEP COMMIT [SETS] [extra radiance bench options]
+# STEP: tiny | big (one call each) | table-start, then table-poll until it prints the bench's exit code
 # after ../shared/gpu/stage.py's pieces are in /tmp/stage (README there) and .gpu/proj holds this
 # checkout's wheel and the launcher's two packages the machine lacks (ruamel.yaml, docker). Each STEP is one
 # call of at most 10 minutes; results go to $OUT (JSON report + the radiance lines of the engine logs).
@@ -47,6 +48,26 @@ case "$step" in
     bench profiles/qwen3.5-27b-dummy-tp1.yaml --sets "$sets" --batch 1,8,32 --max-tokens 64 --repeat 3 \
       --lossless none "${@:4}" --out "$OUT/big-${sets//[,@+\/]/_}.json"
     mkdir -p /tmp/rh/reports; for d in "$OUT"/big-*-logs; do [ -d "$d" ] && mv "$d" /tmp/rh/reports/; done; logs big ;;
+  table-start|table-poll)  # one bench longer than a call: started in its own session (the machine keeps it
+    # running between calls, README of the device tool), then watched by back-to-back calls; each call copies
+    # the report as it stands (rewritten after every set) and the engine logs' radiance lines into $OUT.
+    mkdir -p /tmp/table
+    if [ "$step" = table-start ]; then
+      sets=${3:?sets}
+      # its own copy of the checkout: a later call's copy of the tree may be rewritten under a running bench
+      rm -rf /tmp/table/src && mkdir -p /tmp/table/src && git ls-files -z 2>/dev/null | xargs -0 -r cp --parents -t /tmp/table/src 2>/dev/null
+      [ -f /tmp/table/src/launcher/__main__.py ] || cp -r launcher radiance models profiles benchmarks /tmp/table/src/
+      { printf 'cd /tmp/table/src && export PYTHONPATH=/tmp/table/src:%q && exec python3 -m launcher bench ' "$PYTHONPATH"
+        printf 'profiles/qwen3.5-27b-dummy-tp1.yaml --commit %q --sets %q ' "$commit" "$sets"
+        printf '%q ' --batch 1,8,32 --max-tokens 64 --repeat 3 --lossless none "${@:4}" --out /tmp/table/report.json
+        printf '> /tmp/table/bench.log 2>&1\n'; } > /tmp/table/run.sh
+      cat /tmp/table/run.sh
+      setsid nohup bash -c 'bash /tmp/table/run.sh; echo $? > /tmp/table/rc' < /dev/null > /dev/null 2>&1 &
+    fi
+    while [ ! -f /tmp/table/rc ] && [ "$SECONDS" -lt "${WATCH:-540}" ]; do sleep 10; done
+    cp /tmp/table/report.json "$OUT/" 2>/dev/null; tail -n 60 /tmp/table/bench.log; cat /tmp/table/rc 2>/dev/null
+    grep -h -E "radiance|Error|Traceback|declin|latched|took|KV cache|[Aa]sync" /tmp/table/report-logs/*.log 2>/dev/null \
+      | grep -v -E "DeprecationWarning|warnings.warn" | cut -c1-300 | tail -n 400 > "$OUT/table.log" ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
 ls -la "$OUT"

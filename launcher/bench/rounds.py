@@ -30,6 +30,16 @@ def parse_acceptance(raw: str) -> list[float]:
     return rates
 
 
+def acceptance_label(rates: list[float]) -> str:
+    """How a row names the acceptance it ran at: ``0.91/0.82/0.75/0.68``."""
+    return "/".join(f"{r:g}" for r in rates)
+
+
+def row_key(row: dict) -> tuple:
+    """Rows compare within one acceptance profile and one batch size."""
+    return row.get("acceptance"), row["batch"]
+
+
 def with_synthetic_acceptance(server_args: list[str], rates: list[float]) -> list[str]:
     """The engine's flags with vLLM's synthetic rejection sampler at ``rates``: every draft position is
     accepted with its rate whatever the weights say (dummy weights accept nothing). A drafter shallower
@@ -75,8 +85,8 @@ def merge_rounds(rounds: list[list[dict]]) -> list[dict]:
         if checked is not None:
             out["lossless"] = checked
         for row in ok[-1]["results"]:
-            b = row["batch"]
-            rows = [x for s in ok for x in s["results"] if x["batch"] == b]
+            key = row_key(row)
+            rows = [x for s in ok for x in s["results"] if row_key(x) == key]
             checked = next((x["lossless"] for x in rows if "lossless" in x), None)
             rows.sort(key=lambda x: x["decode_tok_s"])
             med = {k: v for k, v in rows[(len(rows) - 1) // 2].items() if k != "lossless"}  # a measured row

@@ -20,7 +20,7 @@ from .. import console, engine_args, paths, procs
 from ..profile import Profile
 from ..runtime.base import EngineHandle
 from ..runtime.local import LocalEngine
-from . import plan, rounds
+from . import plan, rounds, synthetic_rates
 from .lossless import DEFAULT_EPS
 
 
@@ -46,7 +46,8 @@ class Options:
     eps: float = DEFAULT_EPS
     engine_env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 1800.0
-    acceptance: list[float] | None = None  # vLLM's synthetic rejection sampler at these rates (rounds.py)
+    # vLLM's synthetic rejection sampler (rounds.py): each profile's rates in turn, in one engine per set
+    acceptance: list[list[float]] | None = None
     rounds: int = 1                        # every set once per round, rounds one after another
 
 
@@ -64,8 +65,10 @@ def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
     p = plan.for_set(profile, fs)
     cfg = engine_args.from_profile(p, platform=platform)
     server_args = cfg.server_args
-    if opts.acceptance is not None:
-        server_args = rounds.with_synthetic_acceptance(server_args, opts.acceptance)
+    if opts.acceptance:
+        server_args = rounds.with_synthetic_acceptance(server_args, opts.acceptance[0])
+        if len(opts.acceptance) > 1:
+            server_args = synthetic_rates.with_extension(server_args)
     env = dict(os.environ)
     env.update(engine_env(fs, cfg.env, platform))
     env.update(opts.engine_env)
@@ -73,7 +76,8 @@ def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
     env.setdefault("PYTHONUNBUFFERED", "1")
     job = {"set": fs.name, "server_args": server_args, "batches": opts.batches, "max_tokens": opts.max_tokens,
            "prompt_tokens": opts.prompt_tokens, "repeat": opts.repeat, "eps": opts.eps,
-           "lossless_batches": opts.lossless_batches, "prompts": prompt_texts(max(opts.batches))}
+           "lossless_batches": opts.lossless_batches, "prompts": prompt_texts(max(opts.batches)),
+           "acceptance": opts.acceptance}
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{fs.name.replace('@', '-').replace('+', '_').replace('/', '-')}{log_suffix}.log"
     with tempfile.TemporaryDirectory(prefix="radiance-bench-") as tmp:
@@ -152,23 +156,25 @@ def _report(profile: Profile, profile_path: str, platform: str, opts: Options, c
                     "repeat": opts.repeat, "lossless_batches": opts.lossless_batches, "eps": opts.eps,
                     "rounds": opts.rounds, "rounds_done": len(complete)},
         # dummy weights accept nothing: with synthetic rates every throughput here is at those rates
-        "acceptance": ({"kind": "synthetic", "rates": opts.acceptance} if opts.acceptance is not None
-                       else {"kind": "model"}),
+        # each row names its profile ("acceptance"); padding past a dynamic depth is never accepted there
+        "acceptance": ({"kind": "synthetic", "rates": opts.acceptance[0], "profiles": opts.acceptance}
+                       if opts.acceptance else {"kind": "model"}),
         "sets": list(results),
     }
     return report
 
 
 def compare(results: list[dict]) -> None:
-    """Adds each row's ratio to the stock V1 set of the same round at the same batch (``vs_stock``), in place."""
+    """Adds each row's ratio to the stock V1 set of the same round at the same batch and acceptance
+    (``vs_stock``), in place."""
     base = next((s for s in results if rounds.is_stock(s)), None)
     if base is None:
         return
-    ref = {r["batch"]: r["decode_tok_s"] for r in base["results"]}
+    ref = {rounds.row_key(r): r["decode_tok_s"] for r in base["results"]}
     for s in results:
         for r in s.get("results", []):
-            if ref.get(r["batch"]):
-                r["vs_stock"] = round(r["decode_tok_s"] / ref[r["batch"]], 3)
+            if ref.get(rounds.row_key(r)):
+                r["vs_stock"] = round(r["decode_tok_s"] / ref[rounds.row_key(r)], 3)
 
 
 def git_commit() -> str:

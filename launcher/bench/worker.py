@@ -20,7 +20,8 @@ import traceback
 from pathlib import Path
 
 from ..engine_report import counter_key
-from . import lossless
+from . import lossless, synthetic_rates
+from .rounds import acceptance_label
 
 SPEC = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
         "vllm:spec_decode_num_accepted_tokens")
@@ -136,6 +137,27 @@ def run(job: dict) -> dict:
     greedy = dict(temperature=0.0, ignore_eos=True)
     n = job["max_tokens"]
     verdicts = {}
+    profiles = job.get("acceptance") or [None]
+    for i, rates in enumerate(profiles):
+        if i:
+            llm.collective_rpc(synthetic_rates.METHOD, args=(rates,))
+        if len(profiles) > 1:
+            # untimed: what each profile's steps measure is not the previous profile's tail, and a policy
+            # that learns acceptance from finished steps (dynamic-draft) has seen this one
+            b = max(job["batches"])
+            inputs = [{"prompt_token_ids": p} for p in _prompts(tok, job["prompts"], b, job.get("prompt_tokens", 0))]
+            llm.generate(inputs, SamplingParams(max_tokens=n, **greedy), use_tqdm=False)
+        _batches(llm, SamplingParams, tok, job, rates, result, verdicts)
+    if verdicts:
+        result["lossless"] = lossless.merge(verdicts).as_dict()
+    result["patch_status"] = _metrics(llm)[1]
+    return result
+
+
+def _batches(llm, SamplingParams, tok, job: dict, rates: list[float] | None, result: dict, verdicts: dict) -> None:
+    """Each batch size timed at the acceptance now in force; rows appended to ``result``."""
+    greedy = dict(temperature=0.0, ignore_eos=True)
+    n = job["max_tokens"]
     for b in job["batches"]:
         prompts = _prompts(tok, job["prompts"], b, job.get("prompt_tokens", 0))
         inputs = [{"prompt_token_ids": p} for p in prompts]
@@ -168,17 +190,15 @@ def run(job: dict) -> dict:
             if drafts else None,
             "counters": {k: v for k, v in spec.items() if k.startswith("radiance:") and v},
         }
-        if b in job.get("lossless_batches", []):
+        if rates is not None:
+            row["acceptance"] = acceptance_label(rates)
+        if b in job.get("lossless_batches", []) and b not in verdicts:
             v = _rescore(llm, SamplingParams, prompts, [list(o.outputs[0].token_ids) for o in outs], job["eps"])
             row["lossless"] = v.as_dict()
             verdicts[b] = v
         result["results"].append(row)
-        print(f"radiance bench: {job['set']} B={b}: {row['decode_tok_s']} decode tok/s, "
-              f"{row['ms_per_step']} ms/step", file=sys.stderr, flush=True)
-    if verdicts:
-        result["lossless"] = lossless.merge(verdicts).as_dict()
-    result["patch_status"] = _metrics(llm)[1]
-    return result
+        print(f"radiance bench: {job['set']} B={b}{' at ' + row['acceptance'] if rates is not None else ''}: "
+              f"{row['decode_tok_s']} decode tok/s, {row['ms_per_step']} ms/step", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str]) -> int:

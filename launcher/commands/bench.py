@@ -86,9 +86,12 @@ def _inconclusive(report: dict) -> list[str]:
 
 def _table(report: dict) -> None:
     rows = []
+    acc = report.get("acceptance") or {}
+    many = len(acc.get("profiles") or []) > 1
     for s in report["sets"]:
         if "error" in s:
-            rows.append([s["set"], s.get("runner", ""), "-", "-", "-", "-", "-", "[red]error[/red]: " + s["error"][:80]])
+            rows.append([s["set"], s.get("runner", ""), *(["-"] if many else []), "-", "-", "-", "-", "-",
+                         "[red]error[/red]: " + s["error"][:80]])
             continue
         for r in s["results"]:
             ll = r.get("lossless")
@@ -100,12 +103,12 @@ def _table(report: dict) -> None:
             if "vs_stock_spread" in r:
                 sp = r["vs_stock_spread"]
                 ratio += f" [{sp['min']:.2f}-{sp['max']:.2f}]"
-            rows.append([s["set"], s["runner"], str(r["batch"]), tok, ratio,
+            rows.append([s["set"], s["runner"], *([r.get("acceptance", "")] if many else []), str(r["batch"]), tok, ratio,
                          f"{r['ms_per_step']:.2f}",
                          f"{r['mean_acceptance_length']:.2f}" if r.get("mean_acceptance_length") else "",
                          verdict])
-    acc = report.get("acceptance") or {}
-    how = (f"synthetic acceptance {'/'.join(str(x) for x in acc['rates'])}" if acc.get("kind") == "synthetic"
+    how = ("synthetic acceptance per row" if many else
+           f"synthetic acceptance {'/'.join(str(x) for x in acc['rates'])}" if acc.get("kind") == "synthetic"
            else "the model's own acceptance")
     n = report["options"].get("rounds", 1)
     console.out.print(console.table(
@@ -113,7 +116,7 @@ def _table(report: dict) -> None:
         f"{report['options']['max_tokens']} tokens per request, greedy; {how}"
         + (f"; median of {report['options'].get('rounds_done', n)} interleaved rounds [min-max]" if n > 1 else "")
         + ")",
-        ["set", "runner", "B", "decode tok/s", "vs stock", "ms/step", "accept len", "lossless"], rows))
+        ["set", "runner", *(["acceptance"] if many else []), "B", "decode tok/s", "vs stock", "ms/step", "accept len", "lossless"], rows))
 
 
 @click.command("bench")
@@ -132,9 +135,10 @@ def _table(report: dict) -> None:
 @click.option("--rounds", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Run every set this many times, interleaved (stock, set, stock, set, ...), each a fresh engine; "
                    "the report gives the median of the rounds and their spread, ratios taken within a round.")
-@click.option("--acceptance", "acceptance_raw", default=None, metavar="synthetic:R1,R2,...",
+@click.option("--acceptance", "acceptance_raw", multiple=True, metavar="synthetic:R1,R2,...",
               help="vLLM's synthetic rejection sampling at these per-position (unconditional) acceptance rates, "
-                   "for dummy-weight profiles, whose drafts are otherwise never accepted; the report says so.")
+                   "for dummy-weight profiles, whose drafts are otherwise never accepted; the report says so. "
+                   "Repeatable: every set's engine runs each profile in turn (one start per set).")
 @click.option("--lossless", "lossless_raw", default="1,8", show_default=True, metavar="B,...",
               help="Batches whose outputs are re-scored: every emitted token must be the target's argmax "
                    "for its prefix (within --eps). 'none' skips it.")
@@ -157,7 +161,7 @@ def _table(report: dict) -> None:
                    "recorded in the report.")
 @JSON_OPT
 def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens: int, prompt_tokens: int,
-            repeat: int, rounds: int, acceptance_raw: str | None, lossless_raw: str, allow_inconclusive: bool,
+            repeat: int, rounds: int, acceptance_raw: tuple[str, ...], lossless_raw: str, allow_inconclusive: bool,
             eps: float | None, platform: str, commit: str | None,
             out_path: str | None, engine_env: tuple[str, ...], vllm_arg: tuple[str, ...], as_json: bool) -> None:
     """Run PROFILE's model stock and with its feature sets, at each batch size, through vLLM's offline
@@ -175,17 +179,18 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
     check_knobs()
     batches = _ints("--batch", batch_raw)
     acceptance = None
-    if acceptance_raw is not None:
+    for raw in acceptance_raw:
         try:
-            acceptance = bench_rounds.parse_acceptance(acceptance_raw)
+            rates = bench_rounds.parse_acceptance(raw)
         except ValueError as exc:
             raise errors.UsageError(f"--acceptance: {exc}") from None
         if profile.drafter.type == "none":
             raise errors.UsageError(f"--acceptance: {profile_path}: the profile has no drafter (drafter.type: "
                                     "none) — fix: a profile with an MTP or DFlash drafter")
-        if len(acceptance) < profile.drafter.num_speculative_tokens:
-            raise errors.UsageError(f"--acceptance: {len(acceptance)} rates for drafter.num_speculative_tokens "
+        if len(rates) < profile.drafter.num_speculative_tokens:
+            raise errors.UsageError(f"--acceptance: {len(rates)} rates for drafter.num_speculative_tokens "
                                     f"{profile.drafter.num_speculative_tokens} — fix: give one rate per position")
+        acceptance = [*(acceptance or []), rates]
     lossless_batches = [] if lossless_raw.strip().lower() == "none" else _ints("--lossless", lossless_raw)
     if platform == "auto":
         if profile.runtime.platform != "auto":
@@ -200,14 +205,6 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
         raise errors.UsageError("--acceptance: vLLM's synthetic rejection sampling runs on GPUs only, not on "
                                 "the cpu platform — fix: leave --acceptance out on CPU")
     sets = plan.parse(sets_spec or plan.default_sets(profile, platform), profile, platform)
-    padded = [s.name for s in sets if "dynamic_draft" in s.features]
-    if acceptance is not None and padded:
-        # Seen on the H200 (benchmarks/results/vllm_27b_shape_h200_2026-12-05_call1.json): every padded
-        # draft was accepted at its position's rate, and dynamic-draft measured a gain no target would give.
-        raise errors.UsageError(
-            f"--acceptance: set(s) {', '.join(padded)} run dynamic-draft, whose drafts past the chosen depth are "
-            "padding that vLLM's synthetic sampler accepts by position, never by token — fix: drop dynamic_draft "
-            "from --sets (e.g. no-dynamic_draft), or measure it with real weights (profiles/tiny-gpu.yaml)")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(out_path) if out_path else paths.reports_dir() / f"bench-{profile.name}-{stamp}.json"
     opts = run.Options(batches=batches, max_tokens=max_tokens, prompt_tokens=prompt_tokens, repeat=repeat,

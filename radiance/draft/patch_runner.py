@@ -9,6 +9,12 @@ Draft probabilities, where the proposer returns them (probabilistic draft sampli
 the padding: the rejection sampler then accepts a padded token with exactly the target's probability of
 it, as speculative sampling requires of a proposal that is certain.
 
+Under vLLM's synthetic rejection sampler (``rejection_sample_method: synthetic``, the benchmark's stand-in for
+acceptance with dummy weights) a draft is accepted by its position, never by its token, so the padding
+would be accepted at its position's rate as if drafted. The step's conditional rates past the depth are
+therefore zero there (``synthetic_rates``): the sampler then credits the drafts really made and rejects
+the padding, as a real target all but always would. Outside synthetic mode nothing changes.
+
 A proposer that raises at the shallower depth latches the feature off; the step is drafted again at k.
 """
 from __future__ import annotations
@@ -42,6 +48,31 @@ def pad_probs(probs: torch.Tensor, drafts: torch.Tensor, k: int) -> torch.Tensor
     return torch.cat([probs, onehot], dim=1)
 
 
+class SyntheticRates:
+    """The synthetic sampler's conditional rates for each depth, from the rates vLLM (or whoever set
+    ``rejection_sampler.synthetic_conditional_rates`` since) gave it: position >= depth rejects."""
+
+    def __init__(self) -> None:
+        self.base: torch.Tensor | None = None
+        self.by_depth: dict[int, torch.Tensor] = {}
+
+    def select(self, runner, depth: int) -> None:
+        """Before the drafts of the step are returned: the next step's sampling verifies them."""
+        sampler = getattr(runner, "rejection_sampler", None)
+        current = getattr(sampler, "synthetic_conditional_rates", None)
+        if current is None:  # not synthetic (or no sampler): a real target judges the padding
+            return
+        if current is not self.base and not any(current is t for t in self.by_depth.values()):
+            # new rates from outside (engine start, or a benchmark switching profiles): rebuild the table
+            self.base, self.by_depth = current, {}
+        if depth not in self.by_depth:
+            rates = self.base.clone()
+            rates[depth:] = 0.0
+            self.by_depth[depth] = rates
+        # a pointer swap on the host: the step's sampling kernel, issued later on the same stream, reads it
+        sampler.synthetic_conditional_rates = self.by_depth[depth]
+
+
 class RunnerHooks(Hooks):
     """``GPUModelRunner`` (V1; the CPU runner is its subclass)."""
 
@@ -53,6 +84,7 @@ class RunnerHooks(Hooks):
         depth = getattr(scheduler_output, DEPTH_ATTR, None)
         draft = self._radiance_draft
         if depth is None or depth >= k or draft.latched_off:
+            draft.synthetic.select(self, k)
             return self._orig_propose_draft_token_ids(scheduler_output, *args, **kwargs)
         try:
             scheduler_output.num_spec_tokens_to_schedule = depth
@@ -66,7 +98,10 @@ class RunnerHooks(Hooks):
                 if not isinstance(drafts, torch.Tensor) or probs.dim() != 3 or probs.shape[1] != depth:
                     raise RuntimeError(f"draft probabilities of shape {tuple(probs.shape)} for {depth} drafts")
                 self._draft_probs = pad_probs(probs, drafts, k)
+            draft.synthetic.select(self, depth)
             return drafts
         except Exception as exc:
             draft.latch_off(f"drafting {depth} of {k}: {type(exc).__name__}: {exc}")
+            draft.synthetic.select(self, k)
             return self._orig_propose_draft_token_ids(scheduler_output, *args, **kwargs)
+

@@ -35,7 +35,7 @@ from .. import envs
 from ..patching import Hooks, Patch
 from ..report import channel
 from .depth_policy import DepthPolicy
-from .patch_runner import DEPTH_ATTR, RUNNER, VIA, RunnerHooks
+from .patch_runner import DEPTH_ATTR, RUNNER, VIA, RunnerHooks, SyntheticRates
 from .telemetry import DraftCounters
 
 logger = logging.getLogger("radiance")
@@ -109,6 +109,7 @@ class DynamicDraftPatch(Patch):
         self._ranks: dict = {}         # the workers' reports as last seen passing through
         self._verified = 0             # drafts the drafter made for the step now running (the rest padding)
         self._latch_sent = False
+        self.synthetic = SyntheticRates()  # the runner's, under vLLM's synthetic sampler (patch_runner.py)
 
     def guard(self) -> str | None:
         try:

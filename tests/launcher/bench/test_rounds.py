@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher import engine_args
-from launcher.bench import rounds, run
+from launcher.bench import synthetic_rates, rounds, run
 from launcher.cli import cli
 from launcher.commands._common import load
 
@@ -92,10 +92,28 @@ def test_synthetic_acceptance_is_refused_on_cpu_where_vllm_asserts_it_away():
     assert "GPUs only" in res.output
 
 
-def test_synthetic_acceptance_is_refused_for_dynamic_draft_whose_padding_it_would_accept():
-    # measured on the H200 (benchmarks/results/vllm_27b_shape_h200_2026-12-05_call1.json): the synthetic
-    # sampler accepted the padded drafts at their positions' rates, crediting dynamic-draft with tokens
-    res = CliRunner().invoke(cli, ["bench", PROFILE, "--platform", "cuda", "--sets", "stock,only-dynamic_draft",
-                                   "--acceptance", "synthetic:0.71,0.50,0.36,0.26"])
+def test_ratios_are_taken_within_one_acceptance_profile():
+    # one engine per set runs every profile: stock at 0.9 acceptance is not the reference of a row at 0.5
+    def rows(pairs):
+        return [{"batch": 8, "acceptance": a, "decode_tok_s": t} for a, t in pairs]
+    done = [{"set": "stock", "plugin": False, "runner": "v1", "results": rows([("0.9", 200.0), ("0.5", 100.0)])},
+            {"set": "all", "plugin": True, "runner": "v1", "results": rows([("0.9", 220.0), ("0.5", 90.0)])}]
+    run.compare(done)
+    assert [r["vs_stock"] for r in done[1]["results"]] == [1.1, 0.9]
+    merged = rounds.merge_rounds([done, done])
+    assert [(r["acceptance"], r["decode_tok_s_spread"]["n"]) for r in merged[1]["results"]] == [("0.9", 2), ("0.5", 2)]
+
+
+def test_acceptance_profiles_after_the_first_need_the_switching_extension():
+    args = synthetic_rates.with_extension(["--model", "x"])
+    assert args[-2:] == ["--worker-extension-cls", "launcher.bench.synthetic_rates.SyntheticRatesExtension"]
+    with pytest.raises(ValueError, match="already"):
+        synthetic_rates.with_extension(args)
+    assert rounds.acceptance_label([0.908, 0.5, 0.0, 0.0]) == "0.908/0.5/0/0"
+
+
+def test_every_acceptance_profile_is_checked_before_any_engine():
+    res = CliRunner().invoke(cli, ["bench", PROFILE, "--platform", "cuda", "--acceptance", "synthetic:0.9,0.8,0.7,0.6",
+                                   "--acceptance", "synthetic:0.5,0.6,0.1,0.1"])
     assert res.exit_code == 2, res.output
-    assert "only-dynamic_draft" in res.output and "padding" in res.output
+    assert "must not increase" in res.output

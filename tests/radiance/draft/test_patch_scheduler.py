@@ -159,3 +159,38 @@ def test_a_proposer_failing_at_the_shallower_depth_latches_off_and_drafts_k():
         assert r.propose_draft_token_ids(so).shape == (2, 4) and r.asked[-1] == 4
     finally:
         patching.report().outcomes.pop(p.name, None)
+
+
+def test_under_synthetic_acceptance_the_padding_is_never_accepted():
+    # vLLM's synthetic sampler accepts by position, never by token: at depth 2 of 4 the sampler that verifies
+    # these drafts must see conditional rates 0 past position 2, and the full rates again at depth 4
+    from vllm.v1.sample.rejection_sampler import RejectionSampler  # the attribute the hook swaps is vLLM's
+
+    assert "synthetic_conditional_rates" in RejectionSampler.__init__.__code__.co_names
+    p = _patch()
+    r = _Runner(p)
+    base = torch.tensor([0.9, 0.8, 0.7, 0.6])
+    r.rejection_sampler = types.SimpleNamespace(synthetic_conditional_rates=base)
+    so = types.SimpleNamespace(num_spec_tokens_to_schedule=4)
+    setattr(so, DEPTH_ATTR, 2)
+    r.propose_draft_token_ids(so)
+    assert r.rejection_sampler.synthetic_conditional_rates.tolist() == pytest.approx([0.9, 0.8, 0.0, 0.0])
+    assert base.tolist() == pytest.approx([0.9, 0.8, 0.7, 0.6])   # vLLM's own tensor is left as it was
+    setattr(so, DEPTH_ATTR, 4)
+    r.propose_draft_token_ids(so)
+    assert r.rejection_sampler.synthetic_conditional_rates.tolist() == pytest.approx([0.9, 0.8, 0.7, 0.6])
+    # rates put there from outside (the bench switching profiles in one engine) are the new base
+    r.rejection_sampler.synthetic_conditional_rates = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    setattr(so, DEPTH_ATTR, 1)
+    r.propose_draft_token_ids(so)
+    assert r.rejection_sampler.synthetic_conditional_rates.tolist() == pytest.approx([0.5, 0.0, 0.0, 0.0])
+
+
+def test_outside_synthetic_mode_the_sampler_is_left_alone():
+    p = _patch()
+    r = _Runner(p)
+    r.rejection_sampler = types.SimpleNamespace(synthetic_conditional_rates=None)
+    so = types.SimpleNamespace(num_spec_tokens_to_schedule=4)
+    setattr(so, DEPTH_ATTR, 2)
+    r.propose_draft_token_ids(so)
+    assert r.rejection_sampler.synthetic_conditional_rates is None
