@@ -55,8 +55,8 @@ case "$step" in
     if [ "$step" = table-start ]; then
       sets=${3:?sets}
       # its own copy of the checkout: a later call's copy of the tree may be rewritten under a running bench
-      rm -rf /tmp/table/src && mkdir -p /tmp/table/src && git ls-files -z 2>/dev/null | xargs -0 -r cp --parents -t /tmp/table/src 2>/dev/null
-      [ -f /tmp/table/src/launcher/__main__.py ] || cp -r launcher radiance models profiles benchmarks /tmp/table/src/
+      # (the copy's git metadata is stale: git ls-files would miss files added since)
+      rm -rf /tmp/table && mkdir -p /tmp/table/src && cp -r launcher radiance models profiles benchmarks pyproject.toml /tmp/table/src/
       { printf 'cd /tmp/table/src && export PYTHONPATH=/tmp/table/src:%q && exec python3 -m launcher bench ' "$PYTHONPATH"
         printf 'profiles/qwen3.5-27b-dummy-tp1.yaml --commit %q --sets %q ' "$commit" "$sets"
         printf '%q ' --batch 1,8,32 --max-tokens 64 --repeat 3 --lossless none "${@:4}" --out /tmp/table/report.json
@@ -64,7 +64,8 @@ case "$step" in
       cat /tmp/table/run.sh
       setsid nohup bash -c 'bash /tmp/table/run.sh; echo $? > /tmp/table/rc' < /dev/null > /dev/null 2>&1 &
     fi
-    while [ ! -f /tmp/table/rc ] && [ "$SECONDS" -lt "${WATCH:-540}" ]; do sleep 10; done
+    # the report is copied at every look: a call cut short (the session's device time spent) keeps it
+    while [ ! -f /tmp/table/rc ] && [ "$SECONDS" -lt "${WATCH:-540}" ]; do sleep 10; cp /tmp/table/report.json "$OUT/" 2>/dev/null; done
     cp /tmp/table/report.json "$OUT/" 2>/dev/null; tail -n 60 /tmp/table/bench.log; cat /tmp/table/rc 2>/dev/null
     grep -h -E "radiance|Error|Traceback|declin|latched|took|KV cache|[Aa]sync" /tmp/table/report-logs/*.log 2>/dev/null \
       | grep -v -E "DeprecationWarning|warnings.warn" | cut -c1-300 | tail -n 400 > "$OUT/table.log" ;;
