@@ -189,6 +189,8 @@ def _batches(llm, SamplingParams, tok, job: dict, rates: list[float] | None, res
             "draft_tokens_per_step": round(spec.get("vllm:spec_decode_num_draft_tokens", 0.0) / drafts, 3)
             if drafts else None,
             "counters": {k: v for k, v in spec.items() if k.startswith("radiance:") and v},
+            # every repeat's decode tok/s: the median above is one of them, the spread is theirs
+            "decode_tok_s_repeats": sorted(round(b * (n - 1) / max(f - first, 1e-9), 1) for f, first, _, _ in runs),
         }
         if rates is not None:
             row["acceptance"] = acceptance_label(rates)
