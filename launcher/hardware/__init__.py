@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from .. import platforms
 from . import amd, nvidia
 from ._proc import Runner
