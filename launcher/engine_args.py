@@ -15,7 +15,7 @@ from pathlib import Path
 
 from radiance.features import FEATURES
 
-from . import paths
+from . import paths, platforms
 from .engine_link import KEY_ENV
 from . import hardware
 from .hardware import arch_defaults
@@ -78,11 +78,9 @@ def engine_arch(platform: str, environ: dict[str, str] | None = None,
     """The GPU arch an engine of ``platform`` runs on: the first GPU it will see here (a probe, or
     ``report``; inside a container, the container's), else the arch the platform's image is built for
     (what `radiance check` assumes on a machine without that GPU); None on the CPU."""
-    from .images import DEFAULT_GPU_ARCH
-
-    if platform not in DEFAULT_GPU_ARCH:
+    if not platforms.is_gpu(platform):
         return None
-    return hardware.engine_arch(platform, environ, report) or DEFAULT_GPU_ARCH[platform]
+    return hardware.engine_arch(platform, environ, report) or platforms.get(platform).default_arch
 
 
 def arch_settings(profile: Profile, arch: str | None,
@@ -200,13 +198,13 @@ def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | 
     profile does not set the same name."""
     environ = os.environ if environ is None else environ
     table_env, table_args = arch_defaults.to_apply(
-        arch_settings(profile, arch, environ) if platform in ("rocm", "cuda") else [])
+        arch_settings(profile, arch, environ) if platforms.is_gpu(platform) else [])
     m, p = profile.model, profile.parallel
     listen = ["--uds", uds] if uds else ["--host", host, "--port", str(port)]
     args = ["--model", model_arg, "--served-model-name", profile.served_name(), *listen,
             "--tensor-parallel-size", str(p.tp), "--pipeline-parallel-size", str(p.pp)]
     dtype = m.dtype
-    if platform == "cpu" and dtype == "auto":
+    if platform == platforms.CPU.name and dtype == "auto":
         dtype = "bfloat16"  # vLLM's GDN attention on CPU needs bf16
     args += ["--dtype", dtype]
     if m.max_model_len:
@@ -220,7 +218,7 @@ def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | 
     spec = speculative_config(profile, drafter_arg)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
-        if platform == "cpu":
+        if platform == platforms.CPU.name:
             args.append("--no-enable-prefix-caching")  # MTP on CPU requires it off (vLLM 0.32)
     args += render_vllm_args(profile.vllm_args)
     args += render_vllm_args(table_args)
@@ -228,7 +226,7 @@ def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | 
     env = dict(table_env)
     env.update(profile.env)
     env.update(radiance_env(profile))
-    if platform in ("rocm", "cuda"):
+    if platforms.is_gpu(platform):
         if needs_runner_v1(profile):
             env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         if "TRITON_CACHE_DIR" not in env and "TRITON_CACHE_DIR" not in environ:
@@ -240,7 +238,7 @@ def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | 
     env.setdefault("VLLM_HOST_IP", "127.0.0.1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    if platform == "cpu":
+    if platform == platforms.CPU.name:
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
         if p.tp * p.pp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(p.tp * p.pp))

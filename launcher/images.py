@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator
 
+from launcher import platforms
 from launcher.errors import LauncherError, UsageError
 from radiance.versions import RADIANCE_VERSION, VLLM_TAG, VLLM_VERSION
 
 REPOSITORY = "radiance"
-PLATFORMS = ("cpu", "rocm", "cuda")
-# GPU images carry AOT-compiled kernels for one arch: gfx1201 first (gfx942 = MI300 as an option);
-# CUDA defaults to Hopper (sm90).
-DEFAULT_GPU_ARCH = {"rocm": "gfx1201", "cuda": "sm90"}
+PLATFORMS = platforms.NAMES
+# GPU images carry AOT-compiled kernels for one arch (launcher/platforms.py says which by default).
+DEFAULT_GPU_ARCH = {p.name: p.default_arch for p in platforms.PLATFORMS.values() if p.gpu}
 WHEELHOUSE_IN_CONTEXT = "images/wheelhouse"
 LABEL_PREFIX = "radiance."
 _TAG_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -47,9 +47,9 @@ def repo_root() -> Path:
 
 def default_arch(platform: str) -> str:
     """rocm/cuda: the GPU arch the kernels are compiled for; cpu: the host CPU arch."""
-    _check_platform(platform)
-    if platform in DEFAULT_GPU_ARCH:
-        return DEFAULT_GPU_ARCH[platform]
+    arch = _check_platform(platform).default_arch
+    if arch:
+        return arch
     machine = _platform.machine().lower()
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
 
@@ -64,25 +64,24 @@ def image_tag(platform: str, arch: str | None = None, *, repository: str = REPOS
 
 def dockerfile_for(platform: str) -> str:
     """Path of the Dockerfile relative to the context root."""
-    _check_platform(platform)
-    return f"images/Dockerfile.{platform}"
+    return _check_platform(platform).dockerfile
 
 
 def build_args(platform: str, arch: str | None = None, base_image: str | None = None) -> dict[str, str]:
+    plat = _check_platform(platform)
     arch = arch or default_arch(platform)
     args = {"RADIANCE_VERSION": RADIANCE_VERSION, "VLLM_VERSION": VLLM_VERSION, "ARCH": arch}
-    if platform == "rocm":
-        args["VLLM_TAG"] = VLLM_TAG  # built from source; the others install a released build
-    if platform in DEFAULT_GPU_ARCH:
+    if plat.vllm_from_source:
+        args["VLLM_TAG"] = VLLM_TAG  # read only where the build asks for vLLM from source (VLLM_SOURCE)
+    if plat.gpu:
         args["GPU_ARCH"] = arch
     if base_image:
         args["BASE_IMAGE"] = base_image
     return args
 
 
-def _check_platform(platform: str) -> None:
-    if platform not in PLATFORMS:
-        raise ValueError(f"unknown platform {platform!r}; expected one of {', '.join(PLATFORMS)}")
+def _check_platform(platform: str) -> platforms.Platform:
+    return platforms.get(platform)
 
 
 # --- build context -------------------------------------------------------------------------
@@ -319,14 +318,14 @@ def ensure(platform: str, arch: str | None = None, *, image: str | None = None, 
     return build(platform, arch, tag=ref, client=client, **build_kwargs)
 
 
-# The archs `python -m radiance.kernels.aot` compiles for, per platform (a test keeps this equal to
-# radiance.kernels.aot.ARCHS; the launcher does not import the plugin).
-GPU_TARGETS = {"rocm": ("gfx1200", "gfx1201", "gfx942", "gfx950"), "cuda": ("sm80", "sm89", "sm90")}
+# The archs `python -m radiance.kernels.aot` compiles for, per GPU platform (a test keeps the table equal
+# to radiance.kernels.aot.ARCHS; the launcher does not import the plugin).
+GPU_TARGETS = {p.name: p.aot_targets for p in platforms.PLATFORMS.values() if p.gpu}
 
 
 def check_arch(platform: str, arch: str) -> None:
     """GPU images compile radiance's kernels for arch at build time: it must be a known target."""
-    if platform not in DEFAULT_GPU_ARCH:
+    if not platforms.is_gpu(platform):
         return
     known = GPU_TARGETS[platform]
     if arch not in known:
@@ -337,15 +336,15 @@ def check_arch(platform: str, arch: str) -> None:
 def resolve(profile, platform: str | None = None, arch: str | None = None) -> tuple[str, str, str]:
     """(platform, arch, image ref) for a profile: explicit values, then the profile, then the probe."""
     platform = platform or profile.runtime.platform
-    probe_gpu = platform in DEFAULT_GPU_ARCH and arch is None
-    if platform == "auto" or probe_gpu:
+    probe_gpu = platforms.is_gpu(platform) and arch is None
+    if platform == platforms.AUTO or probe_gpu:
         from . import hardware
 
         hw = hardware.probe_all()
-        if platform == "auto":
+        if platform == platforms.AUTO:
             platform = hw.platform
-        if arch is None and platform in DEFAULT_GPU_ARCH:
-            vendor = "amd" if platform == "rocm" else "nvidia"
+        if arch is None and platforms.is_gpu(platform):
+            vendor = platforms.get(platform).probe
             found = [g.arch for g in hw.gpus if g.vendor == vendor and g.arch and g.arch != "unknown"]
             arch = found[0] if found else None
     arch = arch or default_arch(platform)

@@ -15,11 +15,11 @@ import yaml
 
 from radiance import envs
 
-from . import errors, images, paths
+from . import errors, images, paths, platforms
 from .profile import Profile, load_profile
 
 BASE = paths.REPO_ROOT / "deploy" / "k8s" / "base"
-GPU_RESOURCE = {"rocm": "amd.com/gpu", "cuda": "nvidia.com/gpu"}
+GPU_RESOURCE = {p.name: p.k8s_gpu_resource for p in platforms.PLATFORMS.values() if p.k8s_gpu_resource}
 GATEWAY_PORT = 8000
 PRESTOP_S = 5           # the gateway's preStop: endpoints drop the pod before the drain refuses work
 ENGINE_STOP_S = 20      # vLLM's own exit after SIGTERM, once nothing is in flight
@@ -30,9 +30,10 @@ SECRET = "radiance-secrets"
 def overlay_files(profile: Profile, profile_text: str, platform: str, base_ref: str,
                   arch: str | None = None, drain_s: float | None = None) -> dict[str, str]:
     """{file name: text} of the overlay for ``profile`` on ``platform`` over the base at ``base_ref``."""
-    if platform not in ("rocm", "cuda", "cpu"):
-        raise errors.UsageError(f"platform {platform!r}: Kubernetes needs one of rocm, cuda, cpu — fix: "
-                                "pass --platform or set runtime.platform in the profile")
+    if platform not in platforms.NAMES:
+        raise errors.UsageError(f"platform {platform!r}: Kubernetes needs one of {', '.join(platforms.NAMES)} — "
+                                "fix: pass --platform or set runtime.platform in the profile")
+    amd_devices = platforms.get(platform).probe == "amd"
     drain = float(envs.get("RADIANCE_DRAIN_TIMEOUT") if drain_s is None else drain_s)
     repo, _, tag = images.image_tag(platform, arch).rpartition(":")
     engine: dict = {
@@ -45,7 +46,7 @@ def overlay_files(profile: Profile, profile_text: str, platform: str, base_ref: 
     if platform in GPU_RESOURCE:
         n = str(profile.parallel.tp * profile.parallel.pp)
         engine["resources"] = {"requests": {GPU_RESOURCE[platform]: n}, "limits": {GPU_RESOURCE[platform]: n}}
-    if platform == "rocm":  # as compose's ROCm service: the video/render groups own /dev/kfd and /dev/dri
+    if amd_devices:  # as compose's ROCm service: the video/render groups own /dev/kfd and /dev/dri
         engine["securityContext"] = {"seccompProfile": {"type": "Unconfined"}}
     gateway_env = [{"name": "RADIANCE_DRAIN_TIMEOUT", "value": f"{drain:g}"}]
     if profile.server.api_key_env:
@@ -53,7 +54,7 @@ def overlay_files(profile: Profile, profile_text: str, platform: str, base_ref: 
             "name": SECRET, "key": "api-key", "optional": False}}})
     pod: dict = {"terminationGracePeriodSeconds": int(PRESTOP_S + drain + ENGINE_STOP_S),
                  "containers": [engine, {"name": "gateway", "env": gateway_env}]}
-    if platform == "rocm":
+    if amd_devices:
         pod["securityContext"] = {"supplementalGroups": [44, 110]}  # video, render (Debian/Ubuntu ids)
     patch = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "radiance"},
              "spec": {"template": {"spec": pod}}}
@@ -78,8 +79,9 @@ def export(profile: Profile, profile_path: str, out_dir: Path, platform: str | N
     """Write ``out_dir``: ``base/`` (a copy of deploy/k8s/base) and the overlay over it. Returns the
     files written. Refuses a non-empty ``out_dir`` that is not a previous export."""
     platform = platform or profile.runtime.platform
-    if platform == "auto":
-        raise errors.UsageError(f"{profile_path}: runtime.platform is auto — fix: pass --platform rocm|cuda|cpu")
+    if platform == platforms.AUTO:
+        raise errors.UsageError(f"{profile_path}: runtime.platform is auto — fix: pass --platform "
+                                f"{'|'.join(platforms.NAMES)}")
     out_dir = Path(out_dir)
     marker = out_dir / "kustomization.yaml"
     if out_dir.exists() and any(out_dir.iterdir()) and not (
@@ -97,9 +99,9 @@ def export(profile: Profile, profile_path: str, out_dir: Path, platform: str | N
 
 
 # deploy/k8s/overlays/<name>: (profile, platform). `python -m launcher.k8s_export` rewrites them.
-TREE_OVERLAYS = {"rocm": ("profiles/qwen3next-tp2.yaml", "rocm"),
-                 "cuda": ("profiles/qwen3next-tp2.yaml", "cuda"),
-                 "cpu": ("profiles/tiny-cpu.yaml", "cpu")}
+# One per platform, named after it: a GPU platform shows the TP=2 profile, the CPU the tiny one.
+TREE_OVERLAYS = {p.name: ("profiles/qwen3next-tp2.yaml" if p.gpu else "profiles/tiny-cpu.yaml", p.name)
+                 for p in platforms.PLATFORMS.values()}
 BASE_PROFILE = "profiles/tiny-cpu.yaml"
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from radiance import features as feature_table
 
-from . import hardware, paths
+from . import hardware, paths, platforms
 from .profile import BUILTIN_PREFIX, Profile
 
 
@@ -198,12 +198,10 @@ def _read_json(path: Path) -> dict | None:
 def target_archs(platform: str, hw: "hardware.HardwareReport", extra: tuple[str, ...] = ()) -> list[str]:
     """The GPU archs whose kernels matter: the GPUs here when the platform is theirs, else what
     the platform's image compiles for by default; plus any asked for (``check --arch``)."""
-    from .images import DEFAULT_GPU_ARCH
-
     archs = []
-    if platform != "cpu":
+    if platforms.is_gpu(platform):
         here = sorted({g.arch for g in hw.gpus if g.arch and hw.platform == platform})
-        archs = here or [DEFAULT_GPU_ARCH[platform]]
+        archs = here or [platforms.get(platform).default_arch]
     return archs + [a for a in extra if a not in archs]
 
 
@@ -231,9 +229,9 @@ def async_scheduling(profile: Profile, platform: str | None) -> bool | None:
     wanted = profile.vllm_args.get("async-scheduling")
     if profile.vllm_args.get("no-async-scheduling") is True:
         wanted = False
-    if wanted is not None or platform == "cpu":
+    if wanted is not None or platform == platforms.CPU.name:
         return bool(wanted)
-    if platform not in ("rocm", "cuda"):
+    if not platforms.is_gpu(platform):
         return None
     return profile.drafter.type != "ngram"  # vLLM's CPU n-gram proposer turns it off
 
@@ -345,9 +343,9 @@ def assess(profile: Profile, *, runtime: str | None = None, capabilities: bool =
         rep.add("hardware", "warn", w)
     for p in res.problems:
         rep.add("hardware", "fail", p)
-    if platform == "cpu" and profile.model.quantization == "fp8":
+    if platform == platforms.CPU.name and profile.model.quantization == "fp8":
         rep.add("engine", "warn", "fp8 quantization on CPU runs through reference kernels (slow)")
-    if platform in ("rocm", "cuda"):
+    if platforms.is_gpu(platform):
         rep.add("runner", *runner_finding(profile))
         arch_findings(rep, profile, hw, platform, dict(os.environ))
 

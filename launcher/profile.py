@@ -19,6 +19,7 @@ from ruamel.yaml.error import MantissaNoDotYAML1_1Warning
 
 from radiance import envs, features
 
+from . import platforms
 from .gate.config import GateConfig
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -156,7 +157,7 @@ class Features(_Strict):
 class Runtime(_Strict):
     # launcher/runtime/__init__.py names each kind's module; `radiance up --runtime` overrides this.
     kind: Literal["local", "docker", "ray"] = "local"
-    platform: Literal["auto", "rocm", "cuda", "cpu"] = "auto"
+    platform: Literal[platforms.WANTED] = platforms.AUTO  # type: ignore[valid-type]
     image: Optional[str] = None
     startup_timeout_s: float = Field(default=900.0, gt=0)
     # kind ray: how many gated replicas Serve runs, and the cluster to join (host:port of its GCS, or

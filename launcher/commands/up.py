@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .. import console, errors, paths
+from .. import console, errors, paths, platforms
 from .. import profile as profile_schema
 from ..state import DeploymentState
 from ..supervisor import Supervisor, UpOptions
@@ -61,7 +61,7 @@ def _print_result(st: DeploymentState | None, code: int) -> None:
 @click.option("--gate-only", is_flag=True, help="Bring up, run the gate, print the report, shut down.")
 @click.option("--image", default=None, help="Docker runtime: the image to run (default: the profile's or computed tag).")
 @click.option("--supervised", is_flag=True, hidden=True)
-@click.option("--resolved-platform", default="cpu", hidden=True)
+@click.option("--resolved-platform", default=platforms.CPU.name, hidden=True)
 @click.pass_context
 def command(ctx: click.Context, profile_path: str, runtime: str | None, replicas_raw: str | None,
             address: str | None, detach: bool, port: int | None, skip_gate: bool, keep_serving_unready: bool,

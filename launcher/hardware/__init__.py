@@ -15,8 +15,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
+from .. import platforms
 from . import amd, nvidia
 from ._proc import Runner
 from .arch import arch_family, fp8_dtype_for_arch, gfx_target_version_to_arch, normalize_arch
@@ -41,9 +41,9 @@ __all__ = [
     "probe_all",
 ]
 
-PlatformWanted = Literal["auto", "rocm", "cuda", "cpu"]
-_VENDOR = {"rocm": "amd", "cuda": "nvidia"}
-_VENDOR_NAME = {"amd": "AMD", "nvidia": "NVIDIA"}
+PlatformWanted = str  # one of launcher.platforms.WANTED
+_VENDOR = {p.name: p.probe for p in platforms.PLATFORMS.values() if p.gpu}
+_VENDOR_NAME = {p.probe: p.vendor_name for p in platforms.PLATFORMS.values() if p.gpu}
 
 
 def probe_all(
@@ -74,14 +74,15 @@ def probe_all(
     amd_gpus = [g for g in gpus if g.vendor == "amd"]
     nv_gpus = [g for g in gpus if g.vendor == "nvidia"]
     if amd_gpus and nv_gpus:
-        chosen = "rocm" if len(amd_gpus) >= len(nv_gpus) else "cuda"
+        chosen = platforms.for_probe("amd" if len(amd_gpus) >= len(nv_gpus) else "nvidia").name
         log.warnings.append(
             f"both AMD ({len(amd_gpus)}) and NVIDIA ({len(nv_gpus)}) GPUs found; platform auto picks "
             f"{chosen}; set runtime.platform in the profile to choose"
         )
         platform: Platform = chosen  # type: ignore[assignment]
     else:
-        platform = "rocm" if amd_gpus else "cuda" if nv_gpus else "cpu"
+        platform = (platforms.for_probe("amd").name if amd_gpus else
+                    platforms.for_probe("nvidia").name if nv_gpus else platforms.CPU.name)
 
     try:
         host = probe_host(root, user_groups=user_groups)
@@ -128,7 +129,7 @@ def evaluate(
     tp: int = 1,
     pp: int = 1,
     min_memory_gib: float | None = None,
-    platform_wanted: PlatformWanted = "auto",
+    platform_wanted: PlatformWanted = platforms.AUTO,
     environ: Mapping[str, str] | None = None,
 ) -> HardwareVerdict:
     """Everything ``check`` finds, plus warnings and the GPUs that will be used.
@@ -136,14 +137,14 @@ def evaluate(
     ``min_memory_gib`` is per GPU (what one tensor-parallel shard needs); on the CPU platform it
     is compared with host memory.
     """
-    if platform_wanted not in ("auto", "rocm", "cuda", "cpu"):
-        raise ValueError(f"platform_wanted={platform_wanted!r}: expected auto, rocm, cuda or cpu")
+    if platform_wanted not in platforms.WANTED:
+        raise ValueError(f"platform_wanted={platform_wanted!r}: expected one of {', '.join(platforms.WANTED)}")
     environ = dict(os.environ if environ is None else environ)
-    platform: Platform = report.platform if platform_wanted == "auto" else platform_wanted
+    platform: Platform = report.platform if platform_wanted == platforms.AUTO else platform_wanted
     result = HardwareVerdict(platform=platform, warnings=list(report.warnings))
 
-    if platform == "cpu":
-        if platform_wanted == "cpu" and report.gpus:
+    if platform == platforms.CPU.name:
+        if platform_wanted == platforms.CPU.name and report.gpus:
             result.warnings.append(
                 f"{len(report.gpus)} GPU(s) found but the profile asks for the CPU platform; they stay unused"
             )
@@ -231,7 +232,7 @@ def check(report: HardwareReport, **layout) -> list[str]:
 
 def _device_problems(report: HardwareReport, platform: Platform) -> list[str]:
     """ROCm needs /dev/kfd and each GPU's render node, read-write, whatever the profile."""
-    if platform != "rocm":
+    if _VENDOR.get(platform) != "amd":
         return []
     problems: list[str] = []
     kfd = report.device("/dev/kfd")

@@ -39,7 +39,7 @@ class EngineSpec:
     deployment: str                 # name of the deployment (profile name unless overridden)
     server_args: list[str]          # arguments after `python -m vllm.entrypoints.openai.api_server`
     env: dict[str, str]             # RADIANCE_* knobs and VLLM_* settings for the engine processes
-    platform: str                   # "cpu" | "rocm" | "cuda"
+    platform: str                   # a name in launcher/platforms.py
     log_path: Path | None           # engine stdout/stderr go here (host path); None: ours (a Ray replica's)
     model_dir: Path | None = None   # a local model directory (mounted read-only into containers)
     extra_dirs: tuple[Path, ...] = ()  # other local checkpoints (a drafter), mounted read-only too

@@ -29,7 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from .. import console
+from .. import console, platforms
 from ..engine_args import ENGINE_MODULE
 from ..engine_link import SOCKET_NAME
 from ..errors import LauncherError
@@ -105,25 +105,27 @@ def _nofile_limit(wanted: int = 65536) -> int:
 
 
 def platform_options(platform: str) -> dict[str, Any]:
-    """containers.run() options that give the engine its accelerator."""
+    """containers.run() options that give the engine its accelerator (by who makes it: the probe's vendor)."""
     # vLLM's workers share tensors through /dev/shm; the default 64 MB is far too small.
     opts: dict[str, Any] = {"ipc_mode": "host"}
-    if platform == "rocm":
+    try:
+        plat = platforms.get(platform)
+    except ValueError as exc:
+        raise DockerRuntimeError(str(exc)) from None
+    if plat.probe == "amd":
         missing = [d for d in AMD_DEVICES if not os.path.exists(d)]
         if missing:
-            raise DockerRuntimeError(f"{', '.join(missing)} not found: the ROCm engine needs the amdgpu "
-                                     "driver's device nodes on this host")
+            raise DockerRuntimeError(f"{', '.join(missing)} not found: the {plat.name} engine needs the "
+                                     "amdgpu driver's device nodes on this host")
         opts.update(
             devices=[f"{d}:{d}:rwm" for d in AMD_DEVICES],
             group_add=_device_gids(AMD_DEVICES),
             security_opt=["seccomp=unconfined"],
         )
-    elif platform == "cuda":
+    elif plat.probe == "nvidia":
         from docker.types import DeviceRequest
 
         opts["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
-    elif platform != "cpu":
-        raise DockerRuntimeError(f"unknown platform {platform!r}")
     return opts
 
 

@@ -7,6 +7,7 @@ base image, the wheels and the build cache.
 """
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import time
@@ -75,3 +76,27 @@ def tiny_model(shared_cache) -> Path:
     from tools import tinymodel
 
     return tinymodel.ensure(shared_cache)
+
+
+@pytest.fixture(scope="session")
+def rocm_layers_image(docker_client, cpu_image) -> str:
+    """images/Dockerfile.rocm built on the CPU engine image instead of vLLM's ROCm image (no registry
+    here, no ROCm to run): everything the file adds is built and run for real — radiance's wheel, the
+    AOT step for gfx1201 (Triton compiles for a HIP target without the GPU), the entry point. Tagged
+    apart, so the real ROCm tag never names it."""
+    from rich.console import Console
+
+    from launcher import images
+
+    tag = "radiance-test:rocm-layers-on-cpu"
+    log = REPO / ".cache" / "docker-build-rocm-on-cpu.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    log.unlink(missing_ok=True)
+    try:  # the build's own output goes to the log; the progress bars nowhere
+        images.build("rocm", "gfx1201", tag=tag, base_image=cpu_image, client=docker_client,
+                     console=Console(file=io.StringIO()), log_path=log)
+    except images.ImageError as exc:
+        pytest.fail(f"building Dockerfile.rocm on {cpu_image} failed: {exc}\n(log {log})")
+    print(f"\n[docker] built {tag} on {cpu_image} in {time.monotonic() - t0:.0f} s (log {log})")
+    return tag

@@ -1,7 +1,12 @@
 """`docker compose up` for the CPU variant on a real engine: the engine becomes healthy, the gateway
 runs the gate and only then turns ready, a completion goes through 127.0.0.1, the engine's own report
 (patch rows, radiance:* counters) reaches the gateway's /metrics and /radiance/status, the engine
-answers nothing over TCP, and `down` removes all."""
+answers nothing over TCP, and `down` removes all.
+
+The image is images/Dockerfile.rocm built on the CPU engine image (`rocm_layers_image`): the one
+bring-up serves both, so the ROCm file's layers (radiance's wheel, the gfx1201 AOT step, radiance-engine
+as compose's entry point) are run for real, and the CPU image below them is what runs vLLM. The CPU
+image alone still serves in test_cpu_image.py and test_up_docker.py."""
 from __future__ import annotations
 
 import os
@@ -28,12 +33,12 @@ def compose_cli() -> list[str]:
     pytest.skip("neither the compose plugin nor docker-compose is installed (apt-get install docker-compose)")
 
 
-def test_compose_cpu_stack(docker_client, cpu_image):
+def test_compose_cpu_stack(docker_client, rocm_layers_image):
     cli = compose_cli()
     port = free_port()
     project = f"radiance-test-{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RADIANCE_", "COMPOSE_"))}
-    env.update(RADIANCE_PLATFORM="cpu", RADIANCE_IMAGE=cpu_image, RADIANCE_PORT=str(port),
+    env.update(RADIANCE_PLATFORM="cpu", RADIANCE_IMAGE=rocm_layers_image, RADIANCE_PORT=str(port),
                RADIANCE_PROFILE="profiles/tiny-cpu.yaml")
     base = [*cli, "-p", project, "-f", str(REPO / "compose.yaml")]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dockerfiles import env, expand, labels, parse, stage_args
-from launcher import images
+from launcher import images, platforms
 from radiance.kernels.aot import ARCHS
 from radiance.versions import RADIANCE_VERSION, VLLM_TAG, VLLM_VERSION
 
@@ -140,14 +140,36 @@ def test_cuda_base_is_the_official_image_at_the_pinned_version():
     assert dockerfile("cuda").global_args["BASE_IMAGE"] == f"vllm/vllm-openai:{VLLM_TAG}"
 
 
-def test_rocm_builds_vllm_from_the_pinned_tag():
+def test_rocm_base_is_vllms_published_rocm_image_at_the_pinned_version():
     df = dockerfile("rocm")
+    assert df.global_args["BASE_IMAGE"] == f"vllm/vllm-openai-rocm:{VLLM_TAG}"
+    # the file cites the arch list that puts the default arch in that image
+    text = df.path.read_text()
+    arch_line = next(ln for ln in text.splitlines() if "ARG PYTORCH_ROCM_ARCH=" in ln)
+    assert images.default_arch("rocm") in arch_line.split("=", 1)[1].split(";")
+    # by default nothing is fetched or compiled for vLLM: the base image's is the one served
     build = df.stage("vllm-build")
     values = stage_args(build, images.build_args("rocm"))
+    assert values["VLLM_SOURCE"] == "image"
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_base_image_default_is_the_platform_tables(platform):
+    assert dockerfile(platform).global_args["BASE_IMAGE"] == platforms.get(platform).base_image
+
+
+def test_rocm_can_still_build_vllm_from_the_pinned_tag():
+    df = dockerfile("rocm")
+    build = df.stage("vllm-build")
+    values = stage_args(build, {**images.build_args("rocm"), "VLLM_SOURCE": "source"})
     assert values["VLLM_TAG"] == VLLM_TAG
     run = expand(" ".join(i.args for i in build.ops("RUN")), values)
+    assert 'if [ "source" = source ]' in run
     assert f'--branch "{VLLM_TAG}"' in run and "github.com/vllm-project/vllm" in run
-    assert "setup.py bdist_wheel" in run
+    assert "setup.py bdist_wheel --dist-dir /dist" in run
+    # whatever the build left in /dist is installed beside radiance in the final stage
+    copies = [i.args for i in df.final.ops("COPY")]
+    assert "--from=vllm-build /dist/ /tmp/dist/" in copies
 
 
 @pytest.mark.parametrize("platform", ["rocm", "cuda"])
