@@ -180,8 +180,9 @@ def _dynamic_draft(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
             None: "either scheduling"}[s.async_scheduling]
     return True, ("vLLM's scheduler chooses each step's MTP depth on the host before the step, from the "
                   "acceptance and step times of finished steps; nothing waits for the GPU, so it serves under "
-                  f"{mode}. On V1 a step at the configured depth replays its full CUDA graph and a shallower one "
-                  "runs piecewise, a price the policy measures before it pays it")
+                  f"{mode}; the target still verifies the configured depth (the hybrid layers' state needs it), so its "
+                  "full CUDA graph is kept and a shallower step saves MTP forwards only. Measured: wins where "
+                  "drafts are rejected, loses where they are accepted (docs/benchmarks.md, eighth session)")
 
 
 def _w4_drafter(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
