@@ -37,7 +37,8 @@ from ._common import JSON_OPT, check_vllm_args, load, pick_deployment, runnable_
               help="Record the target check's stock reference instead of gating: starts PROFILE's engine with "
                    "its four features off on this machine (or measures the stock endpoint at --url) and "
                    "writes the state dir's references/<profile name>.json, which the gate then uses for this "
-                   "profile before gate.target.reference.")
+                   "profile before gate.target.reference; with gate.speed on, it holds stock's decode tok/s "
+                   "too.")
 @click.option("--output", "output", type=click.Path(dir_okay=False), default=None,
               help="With --record-reference: write the reference here instead.")
 def command(profile_path: str, url: str | None, api_key_env: str | None, baseline_url: str | None, as_json: bool,

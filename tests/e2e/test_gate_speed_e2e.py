@@ -2,8 +2,9 @@
 itself; the gate at the engine's own speed reports (the CPU default: report-only), and with the check
 enforced (RADIANCE_GATE_SPEED_ENFORCE, the test-only switch) fails, in one line, once the slow-sampler plant
 (tests/e2e/plant_slow_sampler) sleeps in every engine step. The own-speed run is not enforced: on a 2-core
-machine shared with other work stock's ratio to its own reference spread 0.42-2.1 over ten runs
-(launcher/gate/config.py), so only a slowdown far outside that is asserted to fail here."""
+machine shared with other work stock's ratio to its own reference spread 0.19-2.14 over ten runs
+(launcher/gate/config.py), so the slowdown asserted to fail here stays below the bound even at the top of that
+spread (B=1: ~0.2x stock, 2.14x of which is still under 0.85)."""
 from __future__ import annotations
 
 import json

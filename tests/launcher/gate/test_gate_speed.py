@@ -22,7 +22,9 @@ from launcher.gate.report import key_metrics, render_table
 from test_gate_runner_fake_endpoint import MODEL, FakeOpenAI  # its directory is on sys.path (rootdir-less tests)
 from test_gate_target import IDENT, _cli_profile
 
-TOKEN_S = 0.005  # the fake's stock decode speed: 200 tok/s per request
+# The fake's stock decode speed: 100 tok/s per request; rounds of ~0.3 s, long against the HTTP overhead that
+# a loaded 2-core machine adds to each round.
+TOKEN_S = 0.01
 
 
 def _gate(url: str, ref: Path, *, platform: str | None, features: list[str], **speed_cfg):
@@ -53,8 +55,9 @@ def test_the_reference_holds_decode_speed_per_batch_size(reference):
     s = json.loads(reference.read_text())["speed"]
     assert s["platform"] == "cpu" and sorted(s["decode_tok_s"]) == ["1", "8"]
     assert s["workload"]["max_tokens"] == 32 and s["workload"]["prompt_set"]["name"] == "v1"
-    # One request decodes at ~1 / TOKEN_S; eight sent together, each as fast: ~8x that.
-    assert 120 < s["decode_tok_s"]["1"] < 230 and 5 < s["decode_tok_s"]["8"] / s["decode_tok_s"]["1"] < 9
+    # One request decodes at ~1 / TOKEN_S; eight sent together, each as fast: ~8x that (loosely: the
+    # subtraction of the one-token round carries the machine's noise).
+    assert 50 < s["decode_tok_s"]["1"] < 200 and 4 < s["decode_tok_s"]["8"] / s["decode_tok_s"]["1"] < 16
 
 
 def test_the_same_speed_passes_enforced(reference, monkeypatch):
@@ -64,13 +67,13 @@ def test_the_same_speed_passes_enforced(reference, monkeypatch):
     c = report.check("speed")
     assert c.status == "pass", c.reason
     assert c.metrics["enforced"] is True and c.metrics["below_min"] is False
-    assert all(DEFAULT_MIN_RATIO < r < 1.2 for r in c.metrics["ratio"].values()), c.metrics["ratio"]
+    assert all(DEFAULT_MIN_RATIO < r < 1.25 for r in c.metrics["ratio"].values()), c.metrics["ratio"]
     assert set(c.metrics["reference_decode_tok_s"]) == set(c.metrics["decode_tok_s"]) == {"1", "8"}
 
 
-def test_half_the_speed_fails_in_one_line_naming_the_feature_and_the_fix(reference, monkeypatch):
+def test_a_third_of_the_speed_fails_in_one_line_naming_the_feature_and_the_fix(reference, monkeypatch):
     monkeypatch.setenv("RADIANCE_GATE_SPEED_ENFORCE", "1")
-    with FakeOpenAI(token_s=2 * TOKEN_S) as url:
+    with FakeOpenAI(token_s=3 * TOKEN_S) as url:
         report = _gate(url, reference, platform="cpu", features=["int4_head"])
     c = report.check("speed")
     assert c.status == "fail" and not report.passed
@@ -83,7 +86,7 @@ def test_half_the_speed_fails_in_one_line_naming_the_feature_and_the_fix(referen
 
 def test_on_the_cpu_a_slowdown_is_reported_not_failed(reference, monkeypatch):
     monkeypatch.delenv("RADIANCE_GATE_SPEED_ENFORCE", raising=False)
-    with FakeOpenAI(token_s=2 * TOKEN_S) as url:
+    with FakeOpenAI(token_s=3 * TOKEN_S) as url:
         report = _gate(url, reference, platform="cpu", features=["dynamic_draft", "int4_head"])
     c = report.check("speed")
     assert report.passed and c.status == "pass"
@@ -94,7 +97,7 @@ def test_on_the_cpu_a_slowdown_is_reported_not_failed(reference, monkeypatch):
 
 def test_off_the_cpu_a_slowdown_fails_without_the_switch(reference, monkeypatch):
     monkeypatch.delenv("RADIANCE_GATE_SPEED_ENFORCE", raising=False)
-    with FakeOpenAI(token_s=2 * TOKEN_S) as url:
+    with FakeOpenAI(token_s=3 * TOKEN_S) as url:
         report = _gate(url, reference, platform="cuda", features=["w4_drafter"])
     assert report.check("speed").status == "fail"
     assert report.reason.endswith("fix: set features.w4_drafter: false")
@@ -102,7 +105,7 @@ def test_off_the_cpu_a_slowdown_fails_without_the_switch(reference, monkeypatch)
 
 def test_the_platform_comes_from_the_reference_when_the_endpoint_does_not_say(reference, monkeypatch):
     monkeypatch.delenv("RADIANCE_GATE_SPEED_ENFORCE", raising=False)
-    with FakeOpenAI(token_s=2 * TOKEN_S) as url:
+    with FakeOpenAI(token_s=3 * TOKEN_S) as url:
         report = _gate(url, reference, platform=None, features=[])
     c = report.check("speed")
     assert c.status == "pass" and c.metrics["platform"] == "cpu" and c.metrics["enforced"] is False
