@@ -1,10 +1,11 @@
 """The speed check against real vLLM (CPU, the shared tiny engine): a reference recorded from the engine
 itself; the gate at the engine's own speed reports (the CPU default: report-only), and with the check
 enforced (RADIANCE_GATE_SPEED_ENFORCE, the test-only switch) fails, in one line, once the slow-sampler plant
-(tests/e2e/plant_slow_sampler) sleeps in every engine step. The own-speed run is not enforced: on a 2-core
-machine shared with other work stock's ratio to its own reference spread 0.19-2.14 over ten runs
-(launcher/gate/config.py), so the slowdown asserted to fail here stays below the bound even at the top of that
-spread (B=1: ~0.2x stock, 2.14x of which is still under 0.85)."""
+(tests/e2e/plant_slow_sampler) sleeps in every engine step. The own-speed run is not enforced: on this
+2-core machine stock's ratio to its own reference stayed within 0.873-1.011 while the machine was quiet but
+spread 0.19-2.14 while other jobs loaded it (launcher/gate/config.py), and CI shares its cores, so the
+slowdown asserted to fail here stays below the bound even at the top of that spread (B=1: ~0.27x stock,
+2.14x of which is under 0.85)."""
 from __future__ import annotations
 
 import json
@@ -52,7 +53,8 @@ def test_the_speed_check_reports_on_the_cpu_and_fails_a_planted_slowdown_when_en
     assert code == 0 and speed["status"] == "pass", report["reason"]
     m = speed["metrics"]
     assert m["enforced"] is False and m["platform"] == "cpu" and m["reference_decode_tok_s"] == stock
-    assert set(m["ratio"]) == set(m["decode_tok_s"]) == {"1", "8"} and speed["reason"].startswith("report-only on cpu: ")
+    assert set(m["ratio"]) == set(m["decode_tok_s"]) == {"1", "8"}
+    assert speed["reason"].startswith("report-only on cpu: ")
     print(f"\n[speed e2e] own reference: {speed['reason']}")
 
     flag.write_text(STEP_SLEEP_S)
