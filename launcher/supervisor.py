@@ -160,7 +160,7 @@ class Supervisor:
             return Phase("ready", "gate skipped by --skip-gate", ready=True)
         self.phase("gating", "running the gate")
         outcome = await verdict.run(p, link.address, engine_key=link.key, context={
-            "profile": p.name, "profile_hash": p.fingerprint()},
+            "profile": p.name, "profile_hash": p.fingerprint(), "platform": self.platform},
             progress=self.progress, patches=gateway.engine_report)
         self.state.gate_report = outcome.report_path or ""
         self.gw_state.info["gate"] = outcome.summary

@@ -180,6 +180,9 @@ _KNOBS = (
          "Drills and tests: every gate run where this is set fails at once (its checks are not run). "
          "Set on one Ray node (in the environment of its `ray start`) it proves that a replica failing "
          "its gate takes no traffic; it can only hold an endpoint back, never expose one."),
+    Knob("RADIANCE_GATE_SPEED_ENFORCE", "0", parse_bool,
+         "Tests and drills: the gate's speed check fails below gate.speed.min_ratio on the CPU platform too, "
+         "where it otherwise only reports (vLLM's CPU path runs the features' reference kernels)."),
     Knob("RADIANCE_DRAIN_TIMEOUT", "30", _parse_float,
          "Seconds the gateway waits for in-flight requests on shutdown.",
          check=lambda v: None if v >= 0 else "must be >= 0"),

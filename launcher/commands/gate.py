@@ -2,7 +2,8 @@
 against a deployment's gateway (with no name, the one that is running).
 
 `radiance gate PROFILE --record-reference`: record the target check's stock reference on this machine
-(the profile's engine started with its four features off, or the stock endpoint at --url)."""
+(the profile's engine started with its four features off, or the stock endpoint at --url), with the speed
+check's stock decode throughput (gate.speed) in the same file."""
 from __future__ import annotations
 
 import os
@@ -36,12 +37,13 @@ from ._common import JSON_OPT, check_vllm_args, load, pick_deployment, runnable_
               help="Record the target check's stock reference instead of gating: starts PROFILE's engine with "
                    "its four features off on this machine (or measures the stock endpoint at --url) and "
                    "writes the state dir's references/<profile name>.json, which the gate then uses for this "
-                   "profile before gate.target.reference.")
+                   "profile before gate.target.reference; with gate.speed on, it holds stock's decode tok/s "
+                   "too.")
 @click.option("--output", "output", type=click.Path(dir_okay=False), default=None,
               help="With --record-reference: write the reference here instead.")
 def command(profile_path: str, url: str | None, api_key_env: str | None, baseline_url: str | None, as_json: bool,
             html_path: str | None, reports_dir: str | None, record_reference: bool, output: str | None) -> None:
-    """Run PROFILE's gate (smoke, target, acceptance, GSM8K) against URL and exit 0 (pass), 3 (fail)
+    """Run PROFILE's gate (smoke, target, speed, acceptance, GSM8K) against URL and exit 0 (pass), 3 (fail)
     or 5 (endpoint unreachable). The JSON report is saved either way. Given a deployment's NAME instead,
     or nothing (the deployment that is running), gate that deployment's gateway with its profile.
 
@@ -79,6 +81,8 @@ def command(profile_path: str, url: str | None, api_key_env: str | None, baselin
                                 "(an endpoint of the same model with the features off)")
     context = {"profile": profile.name, "profile_hash": profile.fingerprint(), "url": url.rstrip("/"),
                "drafter": profile.drafter.type, "features_enabled": profile.features.enabled_names()}
+    if profile.runtime.platform != "auto":  # else the speed check goes by the platform its reference names
+        context["platform"] = profile.runtime.platform
     try:
         report = run_gate(profile.gate, url.rstrip("/"), model=profile.served_name(), api_key=api_key,
                           progress=not as_json and sys.stderr.isatty(), context=context,
@@ -103,7 +107,7 @@ def _record(profile_path: str, profile, url: str | None, api_key_env: str | None
     import asyncio
     import json
 
-    from ..gate import target
+    from ..gate import speed, target
     from ..gate.client import Client, EndpointUnreachable, RequestFailed
     from ..gate.runner import preflight
 
@@ -112,12 +116,15 @@ def _record(profile_path: str, profile, url: str | None, api_key_env: str | None
     ident = target.identity(profile)
     model = profile.served_name()
 
-    async def measure(address: str, key: str | None, source: str) -> dict:
+    async def measure(address: str, key: str | None, source: str, platform: str | None) -> dict:
         await preflight(address, key)
         async with Client(address, api_key=key, timeout_s=cfg.timeout_s, retries=cfg.retries,
                           concurrency=1) as client:
-            return await target.record(client, cfg, model=model, ident=ident, profile=profile.name,
-                                       source=source, context={"profile_hash": profile.fingerprint()})
+            doc = await target.record(client, cfg, model=model, ident=ident, profile=profile.name,
+                                      source=source, context={"profile_hash": profile.fingerprint()})
+        if profile.gate.speed.enabled:
+            doc["speed"] = await speed.record(address, key, profile.gate.speed, model=model, platform=platform)
+        return doc
 
     async def from_stock_engine(platform: str) -> dict:
         from ..gate import stock
@@ -128,7 +135,7 @@ def _record(profile_path: str, profile, url: str | None, api_key_env: str | None
                               f"{log_path})")
         async with stock.serve(profile, platform, log_path) as link:
             return await measure(link.address, link.key,
-                                 f"stock engine started by radiance ({platform}, features off)")
+                                 f"stock engine started by radiance ({platform}, features off)", platform)
 
     try:
         if url:
@@ -137,7 +144,8 @@ def _record(profile_path: str, profile, url: str | None, api_key_env: str | None
             if env_name and not key:
                 raise errors.UsageError(f"{env_name} is not set — fix: export {env_name}=<key>")
             # The caller vouches that this endpoint serves the profile's model stock.
-            doc = asyncio.run(measure(url.rstrip("/"), key, f"endpoint {url.rstrip('/')} (stated stock)"))
+            platform = None if profile.runtime.platform == "auto" else profile.runtime.platform
+            doc = asyncio.run(measure(url.rstrip("/"), key, f"endpoint {url.rstrip('/')} (stated stock)", platform))
         else:
             doc = asyncio.run(from_stock_engine(runnable_here(profile, profile_path).platform))
     except EndpointUnreachable as exc:
@@ -148,11 +156,13 @@ def _record(profile_path: str, profile, url: str | None, api_key_env: str | None
     held, g = doc["held_text"], doc["greedy"]
     summary = {"reference": str(path), "profile": profile.name, "identity": ident, "source": doc["source"],
                "mean_nll": held["mean_nll"], "held_tokens": held["tokens"], "prompts": len(g["outputs"]),
-               "max_tokens": g["max_tokens"]}
+               "max_tokens": g["max_tokens"], "decode_tok_s": (doc.get("speed") or {}).get("decode_tok_s")}
     if as_json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
         used = (f"the gate of {profile.name} uses it on this machine from now on" if not output else
                 f"point the profile's gate.target.reference at it to use it")
+        tok_s = summary["decode_tok_s"] or {}
+        timed = ", stock decode " + ", ".join(f"{v:.1f} tok/s at B={b}" for b, v in tok_s.items()) if tok_s else ""
         console.out.print(f"reference: {path} (mean NLL {held['mean_nll']:.4f} over {held['tokens']} tokens, "
-                          f"{len(g['outputs'])} greedy outputs of {g['max_tokens']} tokens); {used}")
+                          f"{len(g['outputs'])} greedy outputs of {g['max_tokens']} tokens{timed}); {used}")

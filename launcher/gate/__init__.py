@@ -1,5 +1,5 @@
-"""The gate: smoke, target (against a stock reference), acceptance (spec-decode counters) and GSM8K checks
-before an endpoint is exposed.
+"""The gate: smoke, target and speed (against a stock reference), acceptance (spec-decode counters) and
+GSM8K checks before an endpoint is exposed.
 
     from launcher.gate import GateConfig, run_gate, EndpointUnreachable
     report = run_gate(profile.gate, "http://127.0.0.1:8001", model="tiny", context={...})

@@ -45,6 +45,12 @@ def key_metrics(check: CheckResult) -> str:
     if check.name == "target" and "nll_increase" in m:
         return (f"NLL {m['nll_increase']:+.4f} vs stock, prefix {_fmt(m.get('prefix_agreement'))}, "
                 f"identical {m.get('prompts_identical')}/{m.get('prompts')}")
+    if check.name == "speed" and "ratio" in m:
+        ref, got = m.get("reference_decode_tok_s") or {}, m.get("decode_tok_s") or {}
+        parts = [f"B={b} {_fmt(r, 2)}x ({_fmt(got.get(b), 1)}/{_fmt(ref.get(b), 1)} tok/s)"
+                 for b, r in m["ratio"].items()]
+        return ", ".join(parts) + f", min {_fmt(m.get('min_ratio'), 2)}" + ("" if m.get("enforced") else
+                                                                             ", report-only")
     if check.name == "smoke" and "completion_tokens" in m:
         return f"{m['completion_tokens']} tokens, {_fmt(m.get('latency_s'), 2)} s"
     return ""

@@ -1,4 +1,4 @@
-"""Run the gate against an OpenAI-compatible endpoint: smoke, target, acceptance, GSM8K, in that order.
+"""Run the gate against an OpenAI-compatible endpoint: smoke, target, speed, acceptance, GSM8K, in that order.
 
 ``run_gate`` is the blocking entry point (CLI); code already inside an event loop (the gateway) awaits
 ``run_gate_async`` instead, so that the loop keeps answering ``/v1/health/live`` while the gate runs.
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
-from . import acceptance, gsm8k, target
+from . import acceptance, gsm8k, speed, target
 from .client import Client, EndpointUnreachable, RequestFailed, endpoint_root, redact_url
 from .config import GateConfig
 from .result import CheckResult, GateReport
@@ -85,6 +85,13 @@ async def run_gate_async(cfg: GateConfig, base_url: str, *, model: str, api_key:
         if result is None:
             start, step = bar.hooks("target check")
             result = await _timed("target", lambda: _target(
+                cfg, base_url, api_key, model, context, reference, identity, start, step))
+        checks.append(result)
+
+        result = _skipped("speed", cfg.speed.enabled, blocked)
+        if result is None:
+            start, step = bar.hooks("speed check")
+            result = await _timed("speed", lambda: _speed(
                 cfg, base_url, api_key, model, context, reference, identity, start, step))
         checks.append(result)
 
@@ -175,6 +182,22 @@ async def _target(cfg: GateConfig, base_url: str, api_key: str | None, model: st
                                      on_start=start, on_progress=step)
 
 
+async def _speed(cfg: GateConfig, base_url: str, api_key: str | None, model: str, context: dict,
+                 reference: Path | None, identity: dict | None, start: Callable,
+                 step: Callable) -> tuple[str, str, dict]:
+    s = cfg.speed
+    name = context.get("profile")
+    if reference is None:
+        reference = target.reference_path(cfg.target, name)
+    fix = ("record one on this machine from a stock run with `radiance gate PROFILE --record-reference`, or set "
+           "gate.speed.enabled: false")
+    async with Client(base_url, api_key=api_key, timeout_s=s.timeout_s, retries=s.retries,
+                      concurrency=max(s.batch_sizes)) as client:
+        return await speed.evaluate(client, s, model=model, reference=reference, ident=identity,
+                                    features=list(context.get("features_enabled") or []),
+                                    platform=context.get("platform"), fix=fix, on_start=start, on_progress=step)
+
+
 async def _gsm8k(cfg: GateConfig, base_url: str, api_key: str | None, model: str,
                  start: Callable, step: Callable) -> tuple[str, str, dict]:
     g = cfg.gsm8k
@@ -197,7 +220,7 @@ async def _timed(name: str, fn: Callable[[], Awaitable[tuple[str, str, dict]]]) 
     try:
         status, reason, metrics = await fn()
     except (RequestFailed, acceptance.PromptSetError, gsm8k.Gsm8kDataError, target.TargetDataError,
-            ValueError) as exc:
+            ValueError) as exc:  # KnobError (a bad RADIANCE_GATE_SPEED_ENFORCE) is a ValueError too
         status, reason, metrics = "error", str(exc), {}
     except Exception as exc:  # a check must never take the gate down without a report
         status, reason, metrics = "error", f"{type(exc).__name__}: {exc}", {}

@@ -16,6 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hf_e2e_secret_never_logged_4242"
+SLOW_SAMPLER = Path(__file__).resolve().parent / "plant_slow_sampler"
 
 
 def free_port() -> int:
@@ -90,8 +91,13 @@ def profile_name(path: Path) -> str:
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
-    # A secret in the environment: it must reach the engine and never a log, state file or report.
-    dep = start(tmp_path_factory.mktemp("tiny"), "profiles/tiny-cpu.yaml", extra_env={"HF_TOKEN": SECRET})
+    # A secret in the environment: it must reach the engine and never a log, state file or report. The
+    # slow-sampler plant sleeps in each engine step while the file E2E_SLOW_SAMPLER_FLAG names exists (only
+    # test_gate_speed_e2e.py writes it): the speed check's slowdown on this engine, not on one more.
+    root = tmp_path_factory.mktemp("tiny")
+    plant = os.pathsep.join(filter(None, [str(SLOW_SAMPLER), os.environ.get("PYTHONPATH")]))
+    dep = start(root, "profiles/tiny-cpu.yaml", extra_env={
+        "HF_TOKEN": SECRET, "PYTHONPATH": plant, "E2E_SLOW_SAMPLER_FLAG": str(root / "slow_sampler_s")})
     if dep.up.returncode != 0:
         log = Path(dep.env["RADIANCE_HOME"]) / "deployments" / dep.name / "supervisor.log"
         dep.down()

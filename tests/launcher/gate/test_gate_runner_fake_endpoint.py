@@ -21,8 +21,9 @@ from launcher.gate import EndpointUnreachable, GateConfig, acceptance, client, g
 from launcher.gate.report import render_html
 
 MODEL = "fake-model"
-# The gate's defaults without the target check (which needs a reference; test_gate_target.py has it)
-OFF = GateConfig(target={"enabled": False})
+# The gate's defaults without the target and speed checks (which need a reference; test_gate_target.py and
+# test_gate_speed.py have them)
+OFF = GateConfig(target={"enabled": False}, speed={"enabled": False})
 SECRET = "sk-test-0123456789abcdef"
 
 
@@ -40,6 +41,8 @@ class FakeOpenAI:
     nll: float = 1.5              # nats per token of every scored prompt token
     diverge_at: int | None = None  # greedy outputs differ from the undamaged ones from this token on
     diverge_prompts: int = 10**6   # ... in this many prompts (the first ones asked)
+    # seconds per token of an ignore_eos completion (the speed check's rounds): the fake's decode speed
+    token_s: float = 0.005
     counters: dict = field(default_factory=lambda: {"drafts": 0, "tokens": 0, "accepted": 0, "pos": [0, 0, 0]})
     requests: list = field(default_factory=list)
 
@@ -75,6 +78,11 @@ class FakeOpenAI:
                 return web.json_response({"error": {"message": "boom"}}, status=500)
             answer = gold if self.correct(i) else str(int(gold) + 1)
             text = f" Some steps, {i} things.\n#### {answer}\n\n"
+        elif body.get("ignore_eos"):  # a speed round: exactly max_tokens, at the fake's decode speed
+            await asyncio.sleep(self.token_s * body["max_tokens"])
+            return web.json_response({"choices": [{"index": 0, "text": "x" * body["max_tokens"],
+                                                   "finish_reason": "length"}],
+                                      "usage": {"completion_tokens": body["max_tokens"]}})
         elif prompt == GateConfig().smoke.prompt:
             text = self.smoke_text
         else:
@@ -168,8 +176,9 @@ def _fast_waits(monkeypatch):
 
 
 def _cfg(**sections) -> GateConfig:
-    # The target check has its own tests (test_gate_target.py); off here unless a test turns it on.
-    base = {"target": {"enabled": False},
+    # The target and speed checks have their own tests (test_gate_target.py, test_gate_speed.py); off here
+    # unless a test turns them on.
+    base = {"target": {"enabled": False}, "speed": {"enabled": False},
             "acceptance": {"min_mean_acceptance_length": 2.0, "min_per_position": [0.7, 0.4]},
             "gsm8k": {"enabled": True, "threshold": 0.75, "tolerance": 0.1, "num_questions": 40, "seed": 3}}
     for k, v in sections.items():
@@ -183,7 +192,7 @@ def test_fake_endpoint_gate_passes_with_reachable_thresholds():
         report = run_gate(_cfg(), url, model=MODEL, progress=False,
                           context={"profile": "tiny", "profile_hash": "abc123", "drafter": "mtp"})
     assert report.passed, report.reason
-    assert [c.status for c in report.checks] == ["pass", "skipped", "pass", "pass"]
+    assert [c.status for c in report.checks] == ["pass", "skipped", "skipped", "pass", "pass"]
     acc = report.check("acceptance").metrics
     assert acc["mean_acceptance_length"] == pytest.approx(2.5)
     assert acc["acceptance_rate"] == pytest.approx(0.5)
@@ -214,7 +223,7 @@ def test_fake_endpoint_gate_fails_with_unreachable_thresholds():
         report = run_gate(_cfg(acceptance={"min_mean_acceptance_length": 3.5},
                                gsm8k={"threshold": 0.99, "tolerance": 0.0}), url, model=MODEL, progress=False)
     assert not report.passed
-    assert [c.status for c in report.checks] == ["pass", "skipped", "fail", "fail"]
+    assert [c.status for c in report.checks] == ["pass", "skipped", "skipped", "fail", "fail"]
     assert report.reason.startswith("acceptance fail: mean acceptance length 2.500 < 3.5")
     assert "< 0.99 − 0 = 0.990" in report.check("gsm8k").reason
 
@@ -278,7 +287,7 @@ def test_fake_endpoint_retries_transient_errors_and_counts_permanent_ones():
 def test_fake_endpoint_smoke_failure_skips_the_rest():
     with FakeOpenAI(smoke_text="") as url:
         report = run_gate(_cfg(), url, model=MODEL, progress=False)
-    assert [c.status for c in report.checks] == ["fail", "skipped", "skipped", "skipped"]
+    assert [c.status for c in report.checks] == ["fail", "skipped", "skipped", "skipped", "skipped"]
     assert report.reason == "smoke fail: the completion returned no text"
 
 

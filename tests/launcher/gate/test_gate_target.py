@@ -59,7 +59,7 @@ def test_the_stock_endpoint_passes_its_own_reference(reference):
     assert t.status == "pass", t.reason
     assert t.metrics["nll_increase"] == pytest.approx(0.0)
     assert t.metrics["prefix_agreement"] == 1.0 and t.metrics["prompts_identical"] == 16
-    assert [c.name for c in report.checks] == ["smoke", "target", "acceptance", "gsm8k"]
+    assert [c.name for c in report.checks] == ["smoke", "target", "speed", "acceptance", "gsm8k"]
 
 
 def test_a_worse_log_likelihood_fails_with_one_line(reference):
