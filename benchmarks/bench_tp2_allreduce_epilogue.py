@@ -8,8 +8,8 @@ Each rank holds a [M, K] bf16 partial sum (what its RowParallel GEMM produced). 
               one Triton kernel reading both ranks' partials (no NVLink multicast)
 Checks (every rank, before timing): the all-reduced sum equals the bf16 rounding of the fp32
 sum of the partials; ``separate`` and ``fused`` equal all-reduce + the reference epilogue,
-bit for bit (fp8 codes, scales, new residual). Times as in bench_tp2_local_vocab ("eager" and
-"graph"), median over trials, the slower rank. The timed all_reduce is in place, so its values
+bit for bit (fp8 codes, scales, new residual). Times in two modes ("eager" and
+"graph": CUDA-graph replay), median over trials, the slower rank. The timed all_reduce is in place, so its values
 grow over the iterations; only the check uses them.
 
     python benchmarks/bench_tp2_allreduce_epilogue.py [--json out.json] [--no-fused]

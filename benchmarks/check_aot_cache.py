@@ -147,24 +147,6 @@ def launch_all(cache: Path) -> dict:
                 torch.ops.radiance.w4a16_gemm(torch.randn(m, k, device=dev, dtype=bf16), qw, sc, g)
             del qw, sc
 
-    @group("draft_confidence")
-    def _draft():
-        from radiance.kernels.draft_confidence import draft_confidence
-
-        for v in sh.DRAFT_VOCAB_SHARDS + sh.DRAFT_VOCAB_FULL:
-            for b in (1, 2, 8, 16, 33, 64, 128, 256):
-                draft_confidence(torch.randn(b, v, device=dev, dtype=bf16), v)
-
-    @group("ngram_match")
-    def _ngram():
-        from radiance.kernels.ngram_match import ngram_match
-
-        for width in (4096, 8192, 32768, 5000):
-            ctx = torch.randint(0, 100, (256, width), dtype=torch.int32, device=dev)
-            for b in (1, 8, 64):
-                ngram_match(ctx[:b], torch.full((b,), width // 2, dtype=torch.int32, device=dev),
-                            sh.NGRAM_K, sh.NGRAM)
-
     @group("fp8-stream epilogues")
     def _epilogues():
         from radiance.kernels.allreduce_add_rms_quant import allreduce_add_rms_quant_triton

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable
 
+from . import errors
+
 UNIX = "unix:"
 SOCKET_NAME = "engine.sock"
 KEY_ENV = "VLLM_API_KEY"          # vLLM's own variable for --api-key
@@ -94,6 +96,20 @@ async def wait_healthy(link: EngineLink, timeout: float, *, alive: Callable[[], 
             if waiting is not None:
                 waiting(time.monotonic() - t0)
             await asyncio.sleep(1.0)
+
+
+async def wait_ready(link: EngineLink, timeout: float, *, alive: Callable[[], Awaitable[bool]],
+                     waiting: Callable[[float], None] | None = None, what: str = "the engine",
+                     see: str = "its log") -> None:
+    """``wait_healthy``, its failures said as a LauncherError naming ``what`` did not come up and what to
+    look at (``see``)."""
+    try:
+        await wait_healthy(link, timeout, alive=alive, waiting=waiting)
+    except EngineExited:
+        raise errors.LauncherError(f"{what} exited while loading; see {see}") from None
+    except EngineTimeout:
+        raise errors.LauncherError(f"{what} was not healthy after {timeout:.0f}s — fix: raise "
+                                   f"runtime.startup_timeout_s or see {see}") from None
 
 
 def private_socket_dir(group_access: bool = False) -> Path:

@@ -16,8 +16,7 @@ from typing import Callable
 
 from radiance import envs
 
-from . import errors, paths, procs
-from .gate import verdict
+from . import errors, lifecycle, paths, procs
 from .gateway import Gateway, GatewayState
 from .profile import Profile
 from .runtime.base import Phase, Runtime
@@ -159,9 +158,8 @@ class Supervisor:
             self.gw_state.info["gate"] = {"skipped": True, "by": "--skip-gate"}
             return Phase("ready", "gate skipped by --skip-gate", ready=True)
         self.phase("gating", "running the gate")
-        outcome = await verdict.run(p, link.address, engine_key=link.key, context={
-            "profile": p.name, "profile_hash": p.fingerprint(), "platform": self.platform},
-            progress=self.progress, patches=gateway.engine_report)
+        outcome = await lifecycle.gate(p, link, context={"platform": self.platform}, progress=self.progress,
+                                       patches=gateway.engine_report)
         self.state.gate_report = outcome.report_path or ""
         self.gw_state.info["gate"] = outcome.summary
         if outcome.passed:

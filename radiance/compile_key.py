@@ -14,13 +14,12 @@ the plugin; with ``RADIANCE_ENABLE=0`` the plugin installs nothing and the key i
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 
 from . import envs
-from .patching import Patch, resolve
+from .patching import Hooks, Patch
 
-_HOOK = "vllm.config.vllm.VllmConfig.compute_hash"
+_CONFIG = "vllm.config.vllm.VllmConfig"
 
 
 def fingerprint(environ: dict[str, str] | None = None) -> str:
@@ -42,19 +41,23 @@ def mixed(vllm_hash: str, print_: str) -> str:
     return hashlib.sha256(f"{vllm_hash}|{print_}".encode()).hexdigest()[: len(vllm_hash) or 10]
 
 
+class ConfigHooks(Hooks):
+    """``VllmConfig``."""
+
+    target = _CONFIG
+    via = "_radiance_compile_key"
+
+    def compute_hash(self, *args, **kwargs):
+        return mixed(self._orig_compute_hash(*args, **kwargs), fingerprint())
+
+
 class CompileKeyPatch(Patch):
     name = "compile_key.vllm_config_hash"
     feature = ""  # always on with the plugin
-    hook_points = (_HOOK,)
+    hook_points = (f"{_CONFIG}.compute_hash",)
 
     def apply(self) -> None:
-        owner, attr, orig = resolve(_HOOK)
-
-        @functools.wraps(orig)
-        def compute_hash(config, *args, **kwargs):
-            return mixed(orig(config, *args, **kwargs), fingerprint())
-
-        self.replace(owner, attr, compute_hash)
+        self.hook(ConfigHooks)
 
 
 PATCHES = [CompileKeyPatch()]

@@ -9,6 +9,8 @@ with one log line; it never raises. Replaced attributes keep the original reacha
 Replacement code is written as ``Hooks``: a class whose methods, named like the vLLM attributes
 they replace, are put on the vLLM class by ``Patch.hook``. In them ``self`` is the vLLM object,
 ``self._orig_<name>(...)`` the original, and the patch (the feature's state) one named attribute.
+Two patches' hooks on one attribute chain (the later outside); ``replace`` stays for what is not a
+method (a class a module exports, an annotation).
 
 A replacement that raises at run time should be wrapped with ``fail_closed``: the first
 exception latches the patch off for the rest of the process and the original runs.
@@ -21,6 +23,7 @@ import inspect
 import logging
 import os
 import threading
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -70,9 +73,31 @@ def resolve(path: str) -> tuple[Any, str, Any]:
 
 _INHERITED = object()
 _ADDED = object()  # an attribute the patch put where there was none: reverted by deleting it
-# (owner, name) pairs whose current replacement is a Hooks method: its body reaches the original as
-# ``self._orig_<name>``, so a second patch on the same attribute would turn that call into a loop.
-_HOOKED: set[tuple[int, str]] = set()
+# (owner, name) -> the ``via`` of every Hooks stacked on that attribute, innermost first.
+_HOOKED: dict[tuple[int, str], list[str]] = {}
+
+
+def reading_original_as(fn: Callable, name: str, orig_attr: str) -> Callable:
+    """``fn`` with its reads of ``self._orig_<name>`` made reads of ``self.<orig_attr>``.
+
+    Why: every Hooks body reaches its original as ``self._orig_<name>``, one attribute of the vLLM class.
+    When a second patch hooks the same attribute (w4-drafter and int4-head both convert in
+    ``UnquantizedLinearMethod.process_weights_after_loading``; report.engine and dynamic-draft both read
+    ``Scheduler.update_from_output``), the outer body must call the inner hook while the inner one still
+    calls vLLM's: the outer reads its original under a name of its own. The rename is of the attribute
+    name in the function's code (and its nested functions'), so the body runs as written; a name built
+    at run time (``getattr(self, "_orig_" + name)``) would not be seen, and no hook does that."""
+    old = f"_orig_{name}"
+
+    def renamed(code: types.CodeType) -> types.CodeType:
+        return code.replace(
+            co_names=tuple(orig_attr if n == old else n for n in code.co_names),
+            co_consts=tuple(renamed(c) if isinstance(c, types.CodeType) else c for c in code.co_consts))
+
+    out = types.FunctionType(renamed(fn.__code__), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__ = fn.__kwdefaults__
+    functools.update_wrapper(out, fn)
+    return out
 
 
 class Hooks:
@@ -112,7 +137,8 @@ class Patch:
     vllm_range: tuple[str, str] = SUPPORTED_VLLM
 
     def __init__(self) -> None:
-        self._replaced: list[tuple[Any, str, Any]] = []
+        self._replaced: list[tuple[Any, str, Any, str | None]] = []
+        self._hooked: list[tuple[Any, str, str]] = []  # (owner, attribute, via) this patch's hooks hold
         self.applied = False
         self.latched_off = False
         self.latch_reason = ""
@@ -139,46 +165,62 @@ class Patch:
         raise NotImplementedError
 
     # -- machinery ---------------------------------------------------------------------
-    def replace(self, owner: Any, attr: str, new: Any) -> None:
+    def replace(self, owner: Any, attr: str, new: Any, orig_attr: str | None = None) -> None:
+        """``owner.attr`` = ``new``; the original kept as ``owner.<orig_attr>`` (``_orig_<attr>``)."""
         orig = getattr(owner, attr)
+        orig_attr = orig_attr or f"_orig_{attr}"
         # An inherited attribute is restored by deleting ours, not by pinning the parent's on the child.
         own = attr in getattr(owner, "__dict__", {})
-        setattr(owner, f"_orig_{attr}", orig)
+        setattr(owner, orig_attr, orig)
         setattr(owner, attr, new)
-        self._replaced.append((owner, attr, orig if own else _INHERITED))
+        self._replaced.append((owner, attr, orig if own else _INHERITED, orig_attr))
 
     def hook(self, hooks: type[Hooks], owner: Any = None) -> None:
         """Put ``hooks``' methods on ``owner`` (by default the class its ``target`` names), each in place
-        of the attribute of its name, and this patch on ``owner`` as ``hooks.via``. Over another
-        patch's closure-style replacement (``replace``: it holds its own original) the hooks chain:
-        ``self._orig_<name>`` is then that replacement. Over another patch's Hooks method it is refused
-        (raises): both bodies would call the one ``_orig_<name>``, and one would call itself."""
+        of the attribute of its name, and this patch on ``owner`` as ``hooks.via``. Over another patch's
+        hooks the new ones chain, outside: their ``self._orig_<name>`` is then the hooks already there
+        (``reading_original_as``). The same ``via`` twice on one attribute is refused (raises): it would
+        be one patch replacing itself."""
         if owner is None:
             owner = resolve(hooks.target)[2]
         names = hooks.replacements()
         for name in names:
-            if (id(owner), name) in _HOOKED:
-                raise RuntimeError(f"{getattr(owner, '__name__', owner)}.{name} is replaced already")
+            if hooks.via in _HOOKED.get((id(owner), name), ()):
+                raise RuntimeError(f"{getattr(owner, '__name__', owner)}.{name} is replaced already "
+                                   f"by {hooks.via}")
         if vars(owner).get(hooks.via) is not self:
             had = hooks.via in vars(owner)
             orig = getattr(owner, hooks.via) if had else _ADDED
             setattr(owner, hooks.via, self)
-            self._replaced.append((owner, hooks.via, orig))
+            self._replaced.append((owner, hooks.via, orig, None))
         for name, fn in names.items():
-            self.replace(owner, name, fn)
-            _HOOKED.add((id(owner), name))
+            stack = _HOOKED.setdefault((id(owner), name), [])
+            orig_attr = None
+            if stack:
+                orig_attr = f"_orig_{name}{hooks.via}"
+                fn = reading_original_as(fn, name, orig_attr)
+            self.replace(owner, name, fn, orig_attr)
+            stack.append(hooks.via)
+            self._hooked.append((owner, name, hooks.via))
 
     def revert(self) -> None:
-        for owner, attr, orig in reversed(self._replaced):
-            _HOOKED.discard((id(owner), attr))
+        for owner, name, via in self._hooked:
+            stack = _HOOKED.get((id(owner), name), [])
+            if via in stack:
+                stack.remove(via)
+            if not stack:
+                _HOOKED.pop((id(owner), name), None)
+        self._hooked.clear()
+        for owner, attr, orig, orig_attr in reversed(self._replaced):
             if orig is _INHERITED or orig is _ADDED:
                 delattr(owner, attr)
             else:
                 setattr(owner, attr, orig)
-            try:
-                delattr(owner, f"_orig_{attr}")
-            except AttributeError:
-                pass
+            if orig_attr is not None:
+                try:
+                    delattr(owner, orig_attr)
+                except AttributeError:
+                    pass
         self._replaced.clear()
         self.applied = False
 

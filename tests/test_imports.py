@@ -168,3 +168,18 @@ def test_the_profile_schema_loads_without_the_gate_runner():
     code = ("import sys, launcher.profile; print(sorted(m for m in sys.modules if m.startswith('launcher.gate')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "['launcher.gate', 'launcher.gate.config']", out.stdout + out.stderr
+
+
+def test_engines_get_their_door_only_through_the_lifecycle():
+    """One engine lifecycle (launcher/lifecycle.py): no other module makes an engine's socket directory or
+    removes one, so every engine radiance starts has the same door and leaves nothing behind."""
+    door_names = {"private_socket_dir", "remove_socket_dir"}
+    users = set()
+    for mod, path in _modules().items():
+        if mod in ("launcher.engine_link", "launcher.lifecycle"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name in door_names:
+                users.add(mod)
+    assert users == set(), f"make the engine's door through launcher.lifecycle: {sorted(users)}"

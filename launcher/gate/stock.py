@@ -7,14 +7,12 @@ recording talks to it, and it is stopped as soon as the reference is written.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from pathlib import Path
 from typing import AsyncIterator
 
-from .. import engine_args, engine_link, errors
+from .. import lifecycle
 from ..engine_link import EngineLink
-from ..runtime.base import EngineSpec
 
 
 def stock_profile(profile):
@@ -28,43 +26,24 @@ def stock_profile(profile):
 async def serve(profile, platform: str, log_path: Path) -> AsyncIterator[EngineLink]:
     """Start ``stock_profile(profile)``'s engine, yield its link once healthy, stop it afterwards."""
     stock = stock_profile(profile)
-    runtime_kind = profile.runtime.kind
-    socket_dir = engine_link.private_socket_dir(group_access=runtime_kind == "docker")
-    link = EngineLink(f"{engine_link.UNIX}{socket_dir / engine_link.SOCKET_NAME}", engine_link.new_key())
-    engine = handle = None
-    try:
-        cfg = await asyncio.to_thread(engine_args.from_profile, stock, platform=platform, uds=link.uds,
-                                      engine_key=link.key)
-        image = None
-        if runtime_kind == "docker":
-            from .. import images
-            from ..runtime.docker import DockerEngine
+    docker = profile.runtime.kind == "docker"
+    image = None
+    if docker:
+        from .. import images
+        from ..runtime.docker import DockerEngine
 
-            image = images.resolve(stock, platform)[2]
-            engine = DockerEngine()
-        else:
-            from ..runtime.local import LocalEngine
+        image = images.resolve(stock, platform)[2]
+        engine = DockerEngine()
+    else:
+        from ..runtime.local import LocalEngine
 
-            engine = LocalEngine()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(f"[radiance] stock engine for the target reference: {cfg.redacted_command()}\n")
-        spec = EngineSpec.of(cfg, deployment=stock.name, platform=platform, log_path=log_path,
-                             socket_dir=socket_dir, image=image)
-        handle = await asyncio.to_thread(engine.start, spec)
+        engine = LocalEngine()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
 
-        async def alive() -> bool:
-            return await asyncio.to_thread(engine.alive, handle)
+    def announce(command: str) -> None:
+        log_path.write_text(f"[radiance] stock engine for the target reference: {command}\n")
 
-        try:
-            await engine_link.wait_healthy(link, profile.runtime.startup_timeout_s, alive=alive)
-        except engine_link.EngineExited:
-            raise errors.LauncherError(f"the stock engine exited while loading; see {log_path}") from None
-        except engine_link.EngineTimeout:
-            raise errors.LauncherError(f"the stock engine was not healthy after "
-                                       f"{profile.runtime.startup_timeout_s:.0f}s — fix: raise "
-                                       f"runtime.startup_timeout_s or see {log_path}") from None
-        yield link
-    finally:
-        if handle is not None:
-            await asyncio.to_thread(engine.stop, handle, 30.0)
-        engine_link.remove_socket_dir(socket_dir)
+    async with lifecycle.serving(stock, platform=platform, engine=engine, deployment=stock.name,
+                                 log_path=log_path, image=image, group_access=docker,
+                                 what="the stock engine", announce=announce) as served:
+        yield served.link

@@ -192,15 +192,8 @@ class LinkedRuntime:
             if dep.stopping.is_set():
                 raise asyncio.CancelledError
 
-        try:
-            await engine_link.wait_healthy(self.link, timeout, alive=self._alive, waiting=waiting)
-        except engine_link.EngineExited:
-            raise errors.LauncherError(
-                f"the engine exited while loading; see `radiance logs {dep.name}` ({dep.state.engine_log})") from None
-        except engine_link.EngineTimeout:
-            raise errors.LauncherError(
-                f"the engine was not healthy after {timeout:.0f}s — fix: raise "
-                f"runtime.startup_timeout_s or see `radiance logs {dep.name}`") from None
+        await engine_link.wait_ready(self.link, timeout, alive=self._alive, waiting=waiting,
+                                     see=f"`radiance logs {dep.name}` ({dep.state.engine_log})")
         return None
 
     async def status(self, dep: Deployment) -> Phase | None:

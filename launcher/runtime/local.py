@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from .. import engine_args, engine_link, procs
+from .. import engine_args, lifecycle, procs
 from ..engine_link import EngineLink
 from .base import Deployment, EngineHandle, EngineSpec, LinkedRuntime, follow_file
 
@@ -106,7 +106,7 @@ class HostRuntime(LinkedRuntime):
 
     def __init__(self) -> None:
         super().__init__()
-        self.socket_dir: Path | None = None
+        self.door: lifecycle.Door | None = None
 
     def new_engine(self):
         raise NotImplementedError
@@ -115,21 +115,21 @@ class HostRuntime(LinkedRuntime):
         return None
 
     def open_link(self, dep: Deployment) -> EngineLink:
-        # The engine's only door: a socket in a directory of ours, and a key of this deployment's.
-        self.socket_dir = engine_link.private_socket_dir(group_access=self.group_access)
-        return EngineLink(f"{engine_link.UNIX}{self.socket_dir / engine_link.SOCKET_NAME}", engine_link.new_key())
+        self.door = lifecycle.open_door(group_access=self.group_access)
+        return self.door.link
 
     async def start(self, dep: Deployment) -> None:
         dep.phase("starting", "resolving the model (a builtin model is generated on first use)")
-        cfg = await asyncio.to_thread(engine_args.from_profile, dep.profile, platform=dep.platform,
-                                      uds=self.link.uds, engine_key=self.link.key)
         log_path = Path(dep.state.engine_log)
-        spec = EngineSpec.of(cfg, deployment=dep.name, platform=dep.platform, log_path=log_path,
-                             socket_dir=self.socket_dir, image=self.image(dep))
-        self.engine = self.new_engine()
-        with open(log_path, "a") as f:
-            f.write(f"[radiance] {cfg.redacted_command()}\n")
-        self.handle = await asyncio.to_thread(self.engine.start, spec)
+
+        def announce(command: str) -> None:
+            with open(log_path, "a") as f:
+                f.write(f"[radiance] {command}\n")
+
+        started = await lifecycle.start(dep.profile, platform=dep.platform, engine=self.new_engine(), door=self.door,
+                                        deployment=dep.name, log_path=log_path, image=self.image(dep),
+                                        announce=announce)
+        self.engine, self.handle = started.engine, started.handle
         dep.state.engine_ident = self.handle.ident
         dep.state.save()
 
@@ -137,7 +137,8 @@ class HostRuntime(LinkedRuntime):
         if self.handle is not None:
             dep.phase("stopping", "stopping the engine")
             await asyncio.to_thread(self.engine.stop, self.handle, timeout)
-        engine_link.remove_socket_dir(self.socket_dir)
+        if self.door is not None:
+            self.door.close()
 
 
 class LocalRuntime(HostRuntime):

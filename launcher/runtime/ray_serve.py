@@ -19,11 +19,8 @@ from typing import AsyncIterator
 
 import aiohttp
 
-from .. import engine_args, engine_link, procs
-from ..engine_link import EngineLink
-from ..gate import verdict
+from .. import engine_link, lifecycle, procs
 from ..profile import Profile
-from .base import EngineSpec
 from .local import LocalEngine
 
 class GateFailed(RuntimeError):
@@ -39,42 +36,36 @@ class RadianceReplica:
         import ray
         from ray import serve
 
-        self.handle = None
-        self.socket_dir = None
+        self.started: lifecycle.StartedEngine | None = None
+        self.door: lifecycle.Door | None = None
         self.session: aiohttp.ClientSession | None = None
         self.served = 0
         profile = Profile.model_validate_json(profile_json)
         self.ident = {"replica": serve.get_replica_context().replica_id.unique_id,
                       "node": ray.get_runtime_context().get_node_id()}
-        self.socket_dir = engine_link.private_socket_dir()
-        self.link = EngineLink(f"{engine_link.UNIX}{self.socket_dir / engine_link.SOCKET_NAME}",
-                               engine_link.new_key())
-        cfg = engine_args.from_profile(profile, platform=platform, uds=self.link.uds, engine_key=self.link.key)
-        _same_plugin(cfg.env)
+        self.door = lifecycle.open_door()
+        self.link = self.door.link
         # The engine writes into this actor's own log (Ray keeps it per worker on the node:
         # `radiance logs` reads it through Ray's state API).
-        spec = EngineSpec.of(cfg, deployment=profile.name, platform=platform, log_path=None,
-                             socket_dir=self.socket_dir)
-        self.engine = LocalEngine(subreaper=False)
-        print(f"[radiance] replica {self.ident['replica']}: {cfg.redacted_command()}", flush=True)
-        self.handle = self.engine.start(spec)
+        self.started = await lifecycle.start(
+            profile, platform=platform, engine=LocalEngine(subreaper=False), door=self.door,
+            deployment=profile.name, log_path=None, prepare=lambda cfg: _same_plugin(cfg.env),
+            announce=lambda command: print(f"[radiance] replica {self.ident['replica']}: {command}", flush=True))
+        engine_pid = int(self.started.handle.ident)
         # Serve kills a replica it gives up on (one still loading when the application is deleted): the
         # engine's whole process group goes with it.
-        procs.leash(int(self.handle.ident), env={**os.environ, **{k: v for k, v in cfg.env.items()
-                                                                  if k == "PYTHONPATH"}})
-        self.ident["engine_pid"] = int(self.handle.ident)
-
-        async def alive() -> bool:
-            return self.engine.alive(self.handle)
-
+        procs.leash(engine_pid, env={**os.environ, **{k: v for k, v in self.started.config.env.items()
+                                                      if k == "PYTHONPATH"}})
+        self.ident["engine_pid"] = engine_pid
         try:
-            await engine_link.wait_healthy(self.link, profile.runtime.startup_timeout_s, alive=alive)
-        except (engine_link.EngineExited, engine_link.EngineTimeout) as exc:
+            await engine_link.wait_ready(self.link, profile.runtime.startup_timeout_s, alive=self.started.alive,
+                                         what=f"replica {self.ident['replica']}'s engine",
+                                         see="the replica's log")
+        except Exception:
             self._stop_engine()
-            raise RuntimeError(f"replica {self.ident['replica']}: {exc}") from None
-        outcome = await verdict.run(profile, self.link.address, engine_key=self.link.key, context={
-            "profile": profile.name, "profile_hash": profile.fingerprint(), "replica": self.ident["replica"],
-            "node": self.ident["node"]})
+            raise
+        outcome = await lifecycle.gate(profile, self.link, context={"replica": self.ident["replica"],
+                                                                    "node": self.ident["node"]})
         print(f"[radiance] replica {self.ident['replica']}: gate {'passed' if outcome.passed else 'FAILED'}: "
               f"{outcome.reason} (report {outcome.report_path})", flush=True)
         if not outcome.passed:
@@ -84,7 +75,7 @@ class RadianceReplica:
                                              auto_decompress=False, connector=self.link.aiohttp_connector())
 
     async def check_health(self) -> None:
-        if not self.engine.alive(self.handle):
+        if self.started is None or not await self.started.alive():
             raise RuntimeError(f"replica {self.ident['replica']}: its engine exited")
 
     async def forward(self, method: str, path_qs: str, headers: dict[str, str],
@@ -121,10 +112,12 @@ class RadianceReplica:
             return r.status, r.headers.get("Content-Type", "text/plain"), await r.read()
 
     def _stop_engine(self) -> None:
-        if getattr(self, "handle", None) is not None:
-            self.engine.stop(self.handle, 10.0)
-            self.handle = None
-        engine_link.remove_socket_dir(getattr(self, "socket_dir", None))
+        if getattr(self, "started", None) is not None:
+            self.started.stop_blocking(10.0)
+            self.started = None
+        if getattr(self, "door", None) is not None:
+            self.door.close()
+            self.door = None
 
     def __del__(self):
         # Serve calls this on a graceful stop (down, scale-in, a failed health check); Python does too

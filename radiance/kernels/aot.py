@@ -55,8 +55,6 @@ KERNEL_MODULES: tuple[str, ...] = (
     "radiance.kernels.gdn_norm_quant",
     "radiance.kernels.fp8_gemm",
     "radiance.kernels.allreduce_add_rms_quant",
-    "radiance.kernels.draft_confidence",
-    "radiance.kernels.ngram_match",
 )
 # Modules of helpers the kernels share (Triton pieces and the references beside them): no launch
 # source of their own, but a kernel's build changes with them.

@@ -38,23 +38,6 @@ W4A16: dict[str, tuple[int, int]] = {
 # to the kernel's limit (w4a16_gemm.LARGE_M) is a possible launch; above it no Triton kernel runs.
 W4A16_DECODE_M = (1, 8, 16, 64)
 
-# --- draft_confidence (dynamic-draft, the MTP profiles) -------------------------------------
-# Columns per call: a rank's vocabulary shard (the local-vocab path, the default at TP=2; the
-# vocabularies split evenly, so n_valid = columns), or the gathered row where that path declines.
-DRAFT_VOCAB_SHARDS = (124160, 75968)
-DRAFT_VOCAB_FULL = (248320, 151936)
-# Batch rows per draft slot: every B in 1..DRAFT_ROWS is planned; past the largest tuned batch
-# (128) a launch takes that batch's config, so larger batches launch nothing new.
-DRAFT_ROWS = 256
-DRAFT_DECODE_B = (1, 8)
-
-# --- ngram_match (dynamic-draft) ------------------------------------------------------------
-NGRAM_K = 4        # num_speculative_tokens of the MTP profiles
-NGRAM = 3          # the controller's n-gram (radiance.draft.controller.NGRAM_SIZE)
-# The context mirror's row width (its stride): 4096 doubling to max_model_len 32768, or exactly
-# the longest request when that is longer than twice the width (so not always a multiple of 16).
-NGRAM_WIDTHS = (4096, 4097)
-
 # --- fp8-stream (Qwen3.5-27B profiles) ------------------------------------------------------
 FP8_HIDDEN = 5120
 # Activation scales: 128 is the block-fp8 checkpoint the profiles serve; 0 (per token) is

@@ -10,7 +10,7 @@ Where it hooks (vLLM 0.32.0): a ``ParallelLMHead`` built without a quant config 
 whose config gives it nothing (Qwen3.5 under ``radiance_fp8`` or vLLM's ``fp8``), carries
 ``UnquantizedEmbeddingMethod``; a config that leaves the head unquantised on purpose (INC /
 AutoRound int4 checkpoints such as the 80B's) gives it ``UnquantizedLinearMethod``. The
-``process_weights_after_loading`` of both is wrapped. For the target's head (outside the drafter's
+``process_weights_after_loading`` of both is hooked (``HeadWeightHooks``). For the target's head (outside the drafter's
 load, see ``radiance.w4.scope``) the loaded bf16 weight is quantised in row chunks (group G,
 bf16 scales, clip search; ``radiance.w4.quant``) *during* model loading, and the bf16 weight
 is freed there, so vLLM's KV-cache profiling, which runs after loading, sees the memory.
@@ -34,19 +34,18 @@ tied to the input embedding (``tie_word_embeddings`` of the text config: it is a
 head whose method is not exactly one of the two unquantised ones (an fp8 or otherwise quantised
 head is configured), K not a multiple of G, or a failed kernel self-check. Whether the target's
 load converted its head is decided when the load returns (``BaseModelLoader.load_model``,
-wrapped): a head that never reached a converting hook is declined with its method named.
+``LoaderHooks``): a head that never reached a converting hook is declined with its method named.
 
 Knobs: RADIANCE_INT4_HEAD (on/off), RADIANCE_W4_GROUP_SIZE (G).
 """
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
 
 from ..kernels import w4a16_gemm as w4k
-from ..patching import Outcome, Patch, report, resolve
+from ..patching import Hooks, Outcome, Patch, report, resolve
 from ..runner_prompt_logprobs import SCORING
 from ..w4 import convert
 from . import speed
@@ -59,6 +58,7 @@ _EMB = "vllm.model_executor.layers.vocab_parallel_embedding"
 _HOOK = f"{_EMB}.UnquantizedEmbeddingMethod.process_weights_after_loading"
 _LINEAR_HOOK = "vllm.model_executor.layers.linear.UnquantizedLinearMethod.process_weights_after_loading"
 _LOADER = "vllm.model_executor.model_loader.base_loader.BaseModelLoader.load_model"
+VIA = "_radiance_int4_head"
 
 
 class Int4HeadMethod(convert.W4Method):
@@ -117,6 +117,38 @@ def _model_config():
         return None
 
 
+class HeadWeightHooks(Hooks):
+    """The two unquantised methods a head can carry: ``UnquantizedEmbeddingMethod`` (the target) and
+    ``UnquantizedLinearMethod`` (hooked onto it too, ``Int4HeadPatch.apply``)."""
+
+    target = _HOOK.rsplit(".", 1)[0]
+    via = VIA
+
+    def process_weights_after_loading(self, layer):
+        head = self._radiance_int4_head
+        try:
+            if head.converts(self, layer):
+                if getattr(layer.quant_method, "w4_max_rows", None) is not None:
+                    # the kept bf16 weight in the runtime form its calls need
+                    self._orig_process_weights_after_loading(layer)
+                return None
+        except Exception as exc:  # fail closed: the head is untouched, stock runs
+            head.latch_off(f"converting the lm_head: {type(exc).__name__}: {exc}")
+        return self._orig_process_weights_after_loading(layer)
+
+
+class LoaderHooks(Hooks):
+    """``BaseModelLoader``: the target's load returned, so a head that was not converted is a decline."""
+
+    target = _LOADER.rsplit(".", 1)[0]
+    via = VIA
+
+    def load_model(self, *args, **kwargs):
+        model = self._orig_load_model(*args, **kwargs)
+        self._radiance_int4_head.target_loaded(model)
+        return model
+
+
 class Int4HeadPatch(Patch):
     name = "int4_head.lm_head"
     feature = "int4_head"
@@ -139,39 +171,23 @@ class Int4HeadPatch(Patch):
         return w4_guard(self)
 
     def apply(self) -> None:
-        for path in (_HOOK, _LINEAR_HOOK):
-            owner, attr, orig = resolve(path)
-            self.replace(owner, attr, self._wrap(orig))
-        owner, attr, orig = resolve(_LOADER)
-        self.replace(owner, attr, self._wrap_load(orig))
+        self.hook(HeadWeightHooks)
+        self.hook(HeadWeightHooks, owner=resolve(_LINEAR_HOOK)[0])
+        self.hook(LoaderHooks)
 
-    def _wrap(self, orig):
-        @functools.wraps(orig)
-        def process_weights_after_loading(method, layer):
-            if not self.latched_off and not DRAFT_SCOPE.active():
-                try:
-                    if self._convert(method, layer):
-                        if getattr(layer.quant_method, "w4_max_rows", None) is not None:
-                            orig(method, layer)  # the kept bf16 weight in the runtime form its calls need
-                        return None
-                except Exception as exc:  # fail closed: the head is untouched, stock runs
-                    self.latch_off(f"converting the lm_head: {type(exc).__name__}: {exc}")
-            return orig(method, layer)
+    def converts(self, method, layer) -> bool:
+        """Whether the target's head ``layer`` was converted here (then the stock processing runs only for a
+        kept bf16 weight): outside the drafter's load, and never once latched off."""
+        if self.latched_off or DRAFT_SCOPE.active():
+            return False
+        return self._convert(method, layer)
 
-        return process_weights_after_loading
-
-    def _wrap_load(self, orig):
-        @functools.wraps(orig)
-        def load_model(loader, *args, **kwargs):
-            model = orig(loader, *args, **kwargs)
-            if not DRAFT_SCOPE.active() and not self.latched_off:
-                try:
-                    self._load_finished(model)
-                except Exception as exc:  # a summary must never fail a load
-                    logger.warning("radiance: int4-head: load summary failed: %s", exc)
-            return model
-
-        return load_model
+    def target_loaded(self, model) -> None:
+        if not DRAFT_SCOPE.active() and not self.latched_off:
+            try:
+                self._load_finished(model)
+            except Exception as exc:  # a summary must never fail a load
+                logger.warning("radiance: int4-head: load summary failed: %s", exc)
 
     def _load_finished(self, model) -> None:
         """The target has loaded: a head that was not converted is a recorded decline."""

@@ -8,20 +8,33 @@ Hooks:
 ``SchedulerStats``'s ``spec_decoding_stats`` annotation (replaced by the subclass)
     vLLM's msgpack decoder in the API server types the stats by this annotation; it is read when the
     engine client builds its decoder, after the plugin loads in that process.
-``Scheduler.update_from_output`` (wrapped)
+``Scheduler.update_from_output`` (``SchedulerHooks``)
     the worker's payload (``ModelRunnerOutput.radiance``) goes into the step's stats; a step whose
     stats are not sent (no stats this step) keeps it for the next; a step with payload but no drafts
     gets empty spec-decoding stats to carry it.
 """
 from __future__ import annotations
 
-import functools
-
-from ..patching import Patch, resolve
+from ..patching import Hooks, Patch, resolve
 from . import channel
 
 _SCHED = "vllm.v1.core.sched.scheduler"
 _STATS = "vllm.v1.metrics.stats.SchedulerStats"
+
+
+class SchedulerHooks(Hooks):
+    """``Scheduler`` (and ``AsyncScheduler``, its subclass)."""
+
+    target = f"{_SCHED}.Scheduler"
+    via = "_radiance_engine_report"
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        payload = getattr(model_runner_output, channel.FIELD, None)
+        if payload:
+            self._radiance_pending = channel.merge(getattr(self, "_radiance_pending", None), payload)
+        outputs = self._orig_update_from_output(scheduler_output, model_runner_output)
+        self._radiance_engine_report.carry_pending(self, outputs)
+        return outputs
 
 
 class EngineReportPatch(Patch):
@@ -38,8 +51,7 @@ class EngineReportPatch(Patch):
         annotations = stats_cls.__annotations__
         self._annotation = (annotations, annotations["spec_decoding_stats"])
         annotations["spec_decoding_stats"] = RadianceSpecDecodingStats | None
-        owner, _, update = resolve(f"{_SCHED}.Scheduler.update_from_output")
-        self.replace(owner, "update_from_output", self._wrap(update))
+        self.hook(SchedulerHooks)
 
     def revert(self) -> None:
         annotation = getattr(self, "_annotation", None)
@@ -49,33 +61,25 @@ class EngineReportPatch(Patch):
         super().revert()
 
     @staticmethod
-    def _wrap(orig):
+    def carry_pending(scheduler, outputs) -> None:
+        """The scheduler's pending payload into the first stats this step sends (kept if none is sent)."""
         from .stats import RadianceSpecDecodingStats
 
-        @functools.wraps(orig)
-        def update_from_output(scheduler, scheduler_output, model_runner_output):
-            payload = getattr(model_runner_output, channel.FIELD, None)
-            if payload:
-                scheduler._radiance_pending = channel.merge(getattr(scheduler, "_radiance_pending", None), payload)
-            outputs = orig(scheduler, scheduler_output, model_runner_output)
-            pending = getattr(scheduler, "_radiance_pending", None)
-            if not pending:
-                return outputs
-            for eco in outputs.values():
-                stats = eco.scheduler_stats
-                if stats is None:
-                    continue
-                spec = stats.spec_decoding_stats
-                if spec is None:
-                    spec = RadianceSpecDecodingStats.new(getattr(scheduler, "num_spec_tokens", 0) or 0)
-                    stats.spec_decoding_stats = spec
-                if isinstance(spec, RadianceSpecDecodingStats):
-                    spec.radiance = pending
-                    scheduler._radiance_pending = None
-                break
-            return outputs
-
-        return update_from_output
+        pending = getattr(scheduler, "_radiance_pending", None)
+        if not pending:
+            return
+        for eco in outputs.values():
+            stats = eco.scheduler_stats
+            if stats is None:
+                continue
+            spec = stats.spec_decoding_stats
+            if spec is None:
+                spec = RadianceSpecDecodingStats.new(getattr(scheduler, "num_spec_tokens", 0) or 0)
+                stats.spec_decoding_stats = spec
+            if isinstance(spec, RadianceSpecDecodingStats):
+                spec.radiance = pending
+                scheduler._radiance_pending = None
+            break
 
 
 PATCHES = [EngineReportPatch()]

@@ -2,7 +2,7 @@
 inherits it).
 
 Hooks:
-``Worker.load_model`` (wrapped)
+``Worker.load_model`` (``WorkerHooks``)
     after the stock load (target, drafter, DFlash taps), each applied patch says whether it will run
     stock for what was loaded (``Patch.after_load``: declined, with why), then every TP rank's patch
     report is gathered over
@@ -10,7 +10,7 @@ Hooks:
     (the gathered lists are the same everywhere): ``Patch.on_ranks_disagree`` -- fp8-stream takes its
     contract off, since ranks that stream and ranks that do not would all-reduce different things --
     and its outcome becomes ``mixed``. TP rank 0 keeps every rank's rows for the channel.
-``Worker.execute_model`` / ``Worker.sample_tokens`` (wrapped)
+``Worker.execute_model`` / ``Worker.sample_tokens`` (``WorkerHooks``)
     on TP rank 0 (the rank whose output vLLM's executor returns), the step's payload
     (``channel.take_payload``) is attached to the ``ModelRunnerOutput`` as ``radiance``; an async output
     gets it on the plain output it wraps. A step with no output keeps it for the next.
@@ -19,10 +19,9 @@ rank's report as it was (and says so).
 """
 from __future__ import annotations
 
-import functools
 import logging
 
-from ..patching import Outcome, Patch, report, resolve
+from ..patching import Hooks, Outcome, Patch, report
 from . import channel
 
 logger = logging.getLogger("radiance")
@@ -101,6 +100,24 @@ def settle_after_load(runner) -> None:
             report().record(Outcome(p.name, p.feature, "declined", why))
 
 
+class WorkerHooks(Hooks):
+    """``Worker`` (the GPU worker; the CPU worker is its subclass)."""
+
+    target = _WORKER
+    via = "_radiance_worker_report"
+
+    def load_model(self, *args, **kwargs):
+        result = self._orig_load_model(*args, **kwargs)
+        self._radiance_worker_report.report_the_load(self)
+        return result
+
+    def execute_model(self, *args, **kwargs):
+        return self._radiance_worker_report.with_payload(self._orig_execute_model(*args, **kwargs))
+
+    def sample_tokens(self, *args, **kwargs):
+        return self._radiance_worker_report.with_payload(self._orig_sample_tokens(*args, **kwargs))
+
+
 class WorkerReportPatch(Patch):
     name = "report.worker"
     feature = ""
@@ -113,30 +130,17 @@ class WorkerReportPatch(Patch):
         self._warned = False
 
     def apply(self) -> None:
-        owner, _, load = resolve(f"{_WORKER}.load_model")
-        _, _, execute = resolve(f"{_WORKER}.execute_model")
-        _, _, sample = resolve(f"{_WORKER}.sample_tokens")
-        self.replace(owner, "load_model", self._wrap_load(load))
-        self.replace(owner, "execute_model", self._wrap_step(execute))
-        self.replace(owner, "sample_tokens", self._wrap_step(sample))
+        self.hook(WorkerHooks)
 
     # -- after the load: every rank's report --------------------------------------------
-    def _wrap_load(self, orig):
-        patch = self
-
-        @functools.wraps(orig)
-        def load_model(worker, *args, **kwargs):
-            result = orig(worker, *args, **kwargs)
-            settle_after_load(getattr(worker, "model_runner", None))
-            try:
-                patch.gather(getattr(getattr(worker, "model_runner", None), "model", None))
-            except Exception as exc:
-                logger.warning("radiance: patch reports of the TP ranks not gathered (%s: %s); each rank "
-                               "reports for itself", type(exc).__name__, exc)
-                channel.set_ranks({str(_tp().rank_in_group): report().rows()})
-            return result
-
-        return load_model
+    def report_the_load(self, worker) -> None:
+        settle_after_load(getattr(worker, "model_runner", None))
+        try:
+            self.gather(getattr(getattr(worker, "model_runner", None), "model", None))
+        except Exception as exc:
+            logger.warning("radiance: patch reports of the TP ranks not gathered (%s: %s); each rank "
+                           "reports for itself", type(exc).__name__, exc)
+            channel.set_ranks({str(_tp().rank_in_group): report().rows()})
 
     @staticmethod
     def gather(model) -> None:
@@ -158,24 +162,19 @@ class WorkerReportPatch(Patch):
             channel.set_ranks({str(r): rows for r, rows in enumerate(settled)})
 
     # -- every step: the payload on rank 0's output --------------------------------------
-    def _wrap_step(self, orig):
-        patch = self
-
-        @functools.wraps(orig)
-        def step(worker, *args, **kwargs):
-            out = orig(worker, *args, **kwargs)
-            if out is None or not _is_output_rank():
-                return out
-            try:
-                patch._attach(out)
-            except Exception as exc:
-                if not patch._warned:
-                    patch._warned = True
-                    logger.warning("radiance: report channel: payload not attached (%s: %s)",
-                                   type(exc).__name__, exc)
+    def with_payload(self, out):
+        """``out`` (a step's output), with the pending payload attached on the output rank; a failure is
+        logged once and leaves the step untouched."""
+        if out is None or not _is_output_rank():
             return out
-
-        return step
+        try:
+            self._attach(out)
+        except Exception as exc:
+            if not self._warned:
+                self._warned = True
+                logger.warning("radiance: report channel: payload not attached (%s: %s)",
+                               type(exc).__name__, exc)
+        return out
 
     def _attach(self, out) -> None:
         from vllm.v1.outputs import ModelRunnerOutput

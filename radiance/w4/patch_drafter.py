@@ -7,8 +7,9 @@ acceptance cost is worth the bytes is measured by the gate, not argued here.
 Where it hooks (vLLM 0.32.0):
 
 ``UnquantizedLinearMethod.process_weights_after_loading`` and
-``Fp8LinearMethod.process_weights_after_loading`` (wrapped), and the same method of the three
-``radiance_fp8`` linear methods (``FP8_STREAM_METHODS``, where the plugin registered them)
+``Fp8LinearMethod.process_weights_after_loading`` (``Bf16WeightHooks``, ``BlockFp8WeightHooks``), and the
+same method of the three ``radiance_fp8`` linear methods (``FP8_STREAM_METHODS``, where the plugin
+registered them)
     while ``DRAFT_SCOPE`` is active (inside the drafter's ``_get_model``; see ``scope``),
     an eligible linear is quantised from its just-loaded weight -- bf16/fp16 directly, a
     block-fp8 checkpoint dequantised with its own block scales first -- *instead of* the
@@ -36,13 +37,12 @@ Knobs: RADIANCE_W4_DRAFTER (on/off), RADIANCE_W4_GROUP_SIZE (G).
 """
 from __future__ import annotations
 
-import functools
 import logging
 
 import torch
 
 from .. import envs
-from ..patching import Outcome, Patch, report, resolve
+from ..patching import Hooks, Outcome, Patch, report, resolve
 from ..kernels import w4_layout as layout
 from . import convert
 from .scope import DRAFT_SCOPE
@@ -51,6 +51,7 @@ logger = logging.getLogger("radiance")
 
 _UNQUANT = "vllm.model_executor.layers.linear.UnquantizedLinearMethod.process_weights_after_loading"
 _FP8 = "vllm.model_executor.layers.quantization.fp8.Fp8LinearMethod.process_weights_after_loading"
+VIA = "_radiance_w4_drafter"
 # The radiance_fp8 linear methods (fp8_stream/linear.py, block.py) and what their weight is when
 # process_weights_after_loading runs: bf16 as loaded, or the checkpoint's block fp8.
 FP8_STREAM_METHODS = (
@@ -91,6 +92,35 @@ def w4_guard(patch: Patch) -> str | None:
     return None
 
 
+class Bf16WeightHooks(Hooks):
+    """A linear method whose weight is bf16 (or fp16/fp32) when it is processed: ``UnquantizedLinearMethod``,
+    and the radiance_fp8 methods that load a bf16 checkpoint."""
+
+    target = _UNQUANT.rsplit(".", 1)[0]
+    via = VIA
+
+    def process_weights_after_loading(self, layer):
+        if self._radiance_w4_drafter.converts(self, layer, "bf16"):
+            return None
+        return self._orig_process_weights_after_loading(layer)
+
+
+class BlockFp8WeightHooks(Hooks):
+    """A linear method whose weight is the checkpoint's block fp8: ``Fp8LinearMethod``, and radiance_fp8's
+    block method."""
+
+    target = _FP8.rsplit(".", 1)[0]
+    via = VIA
+
+    def process_weights_after_loading(self, layer):
+        if self._radiance_w4_drafter.converts(self, layer, "fp8"):
+            return None
+        return self._orig_process_weights_after_loading(layer)
+
+
+HOOKS_FOR = {"bf16": Bf16WeightHooks, "fp8": BlockFp8WeightHooks}
+
+
 class W4DrafterPatch(Patch):
     name = "w4_drafter.linears"
     feature = "w4_drafter"
@@ -108,20 +138,17 @@ class W4DrafterPatch(Patch):
         return w4_guard(self)
 
     def apply(self) -> None:
-        owner, attr, orig = resolve(_UNQUANT)
-        self.replace(owner, attr, self._wrap(orig, "bf16"))
+        self.hook(Bf16WeightHooks)
         try:
-            owner8, attr8, orig8 = resolve(self.optional_hook)
+            self.hook(BlockFp8WeightHooks, owner=resolve(self.optional_hook)[0])
         except LookupError:
             logger.info("radiance: w4-drafter: no Fp8LinearMethod in this vLLM; bf16 drafters only")
-        else:
-            self.replace(owner8, attr8, self._wrap(orig8, "fp8"))
         for path, kind in FP8_STREAM_METHODS:
             try:
-                owner_r, attr_r, orig_r = resolve(path)
+                owner = resolve(path)[0]
             except LookupError:  # radiance_fp8 not registered in this process: nothing uses them
                 continue
-            self.replace(owner_r, attr_r, self._wrap(orig_r, kind))
+            self.hook(HOOKS_FOR[kind], owner=owner)
         DRAFT_SCOPE.on_exit(self._load_finished)
 
     def revert(self) -> None:
@@ -129,18 +156,16 @@ class W4DrafterPatch(Patch):
         super().revert()
 
     # -- hooks ------------------------------------------------------------------------
-    def _wrap(self, orig, kind: str):
-        @functools.wraps(orig)
-        def process_weights_after_loading(method, layer):
-            if not self.latched_off and DRAFT_SCOPE.active():
-                try:
-                    if self._convert(method, layer, kind):
-                        return None
-                except Exception as exc:  # fail closed: the layer is untouched, stock runs
-                    self.latch_off(f"converting {getattr(layer, 'prefix', '?')}: {type(exc).__name__}: {exc}")
-            return orig(method, layer)
-
-        return process_weights_after_loading
+    def converts(self, method, layer, kind: str) -> bool:
+        """Whether ``layer`` was converted here (then the stock processing must not run): only inside the
+        drafter's load, and never once latched off."""
+        if self.latched_off or not DRAFT_SCOPE.active():
+            return False
+        try:
+            return self._convert(method, layer, kind)
+        except Exception as exc:  # fail closed: the layer is untouched, stock runs
+            self.latch_off(f"converting {getattr(layer, 'prefix', '?')}: {type(exc).__name__}: {exc}")
+            return False
 
     def _load_finished(self) -> None:
         stats, self._load = self._load, {"converted": 0, "declined": 0, "before": 0, "after": 0}

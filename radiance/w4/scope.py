@@ -27,18 +27,30 @@ installs it once ("already applied" the second time).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 from collections.abc import Callable
 
-from ..patching import Patch, resolve
+from ..patching import Hooks, Patch, resolve
 
 logger = logging.getLogger("radiance")
 
 _BASE = "vllm.v1.spec_decode.llm_base_proposer.SpecDecodeBaseProposer._get_model"
 # DraftModelProposer (a separate draft model) overrides _get_model without calling the base.
 _OPTIONAL = ("vllm.v1.spec_decode.draft_model.DraftModelProposer._get_model",)
+
+
+class ProposerHooks(Hooks):
+    """``SpecDecodeBaseProposer``, and each proposer class that defines its own ``_get_model``."""
+
+    target = _BASE.rsplit(".", 1)[0]
+    via = "_radiance_draft_scope"
+
+    def _get_model(self, *args, **kwargs):
+        # Not ``fail_closed``: the only thing that can raise in here is vLLM's own load, and
+        # running that a second time as a "fallback" would be wrong.
+        with self._radiance_draft_scope.entered(getattr(self, "method", None)):
+            return self._orig__get_model(*args, **kwargs)
 
 
 class DraftLoadScope(Patch):
@@ -93,22 +105,14 @@ class DraftLoadScope(Patch):
     def apply(self) -> None:
         for path in (_BASE, *_OPTIONAL):
             try:
-                owner, attr, orig = resolve(path)
+                owner = resolve(path)[0]
             except LookupError:
                 continue  # optional hook absent in this vLLM: nothing to bracket there
             if path != _BASE and "_get_model" not in vars(owner):
                 continue
-            self.replace(owner, attr, self._wrap(orig))
-
-    def _wrap(self, orig: Callable) -> Callable:
-        # Not ``fail_closed``: the only thing that can raise in here is vLLM's own load, and
-        # running that a second time as a "fallback" would be wrong.
-        @functools.wraps(orig)
-        def _get_model(proposer, *args, **kwargs):
-            with self.entered(getattr(proposer, "method", None)):
-                return orig(proposer, *args, **kwargs)
-
-        return _get_model
+            # A subclass's own _get_model must not call the base's (DraftModelProposer's does not): the
+            # base's hook would read the subclass's original through the instance and call it again.
+            self.hook(ProposerHooks, owner)
 
 
 DRAFT_SCOPE = DraftLoadScope()

@@ -149,8 +149,8 @@ def test_hooks_on_an_inherited_attribute_revert_by_deleting():
 
 
 class WrappingPatch(Patch):
-    """A closure-style patch on the same attribute (int4-head and fp8-stream both replace the loader's
-    load_model): it holds its own original, so hooks may chain over it."""
+    """A closure-style patch on the same attribute (the drafter-load bracket's kind, where a subclass's own
+    method calls its hooked parent's): it holds its own original, so hooks may chain over it."""
 
     name = "wrapping"
 
@@ -173,9 +173,46 @@ def test_hooks_chain_over_a_closure_replacement_and_both_revert():
     assert Engine.step is orig and not hasattr(Engine, "_orig_step")
 
 
+class OuterHooks(patching.Hooks):
+    """Another patch's hooks on the attribute EngineHooks replaces (report.engine and dynamic-draft both hook
+    Scheduler.update_from_output)."""
+
+    target = f"{__name__}.Engine"
+    via = "_outer_patch"
+
+    def step(self, n):
+        return self._orig_step(n) + 1000 * self._outer_patch.factor
+
+
+class OuterPatch(Patch):
+    name = "outer"
+    factor = 7
+
+    def apply(self):
+        self.hook(OuterHooks)
+
+
+def test_two_patches_hooks_on_one_attribute_chain_and_revert_in_turn():
+    orig = Engine.step
+    inner, outer = HookingPatch(), OuterPatch()
+    inner.apply()
+    outer.apply()                        # not refused: the outer hooks read their original under their own name
+    try:
+        assert Engine().step(1) == (10 * 2 + 3) + 7000 and Child().step(1) == 7023
+        assert Engine._orig_step is orig
+        with pytest.raises(RuntimeError, match="replaced already"):
+            OuterPatch().hook(OuterHooks)    # one via twice: a patch replacing itself
+    finally:
+        outer.revert()
+        assert Engine().step(1) == 23 and Engine._orig_step is orig
+        inner.revert()
+    assert Engine.step is orig and not hasattr(Engine, "_orig_step") and not hasattr(Engine, "_orig_step_outer_patch")
+    assert patching._HOOKED == {}
+
+
 def test_the_real_loader_takes_int4_head_then_fp8_stream():
-    """Both replace BaseModelLoader.load_model (int4-head as a closure, fp8-stream as Hooks): the seeds'
-    deployment has both on, so the second must install over the first."""
+    """Both hook BaseModelLoader.load_model: the seeds' deployment has both on, so the second must install over
+    the first."""
     from radiance.fp8_stream.patch import Fp8StreamPatch
     from radiance.lmhead_int4.patch import Int4HeadPatch
 

@@ -23,10 +23,8 @@ triton = pytest.importorskip("triton")
 
 from radiance.kernels import allreduce_add_rms_quant as far  # noqa: E402
 from radiance.kernels import add_rms_quant as arq  # noqa: E402
-from radiance.kernels import draft_confidence as dc  # noqa: E402
 from radiance.kernels import fp8_gemm as fg  # noqa: E402
 from radiance.kernels import gdn_norm_quant as gnq  # noqa: E402
-from radiance.kernels import ngram_match as nm  # noqa: E402
 from radiance.kernels import quant_fp8 as qf  # noqa: E402
 from radiance.kernels import w4a16_gemm as wk  # noqa: E402
 from radiance.kernels import w4a8_gemm as w8  # noqa: E402
@@ -90,22 +88,6 @@ def launch_w4a8(arch):
         w8._mma16_operand = real
 
 
-def launch_draft_confidence(arch):
-    for cols in shipped.DRAFT_VOCAB_SHARDS + shipped.DRAFT_VOCAB_FULL:
-        for rows in range(1, shipped.DRAFT_ROWS + 1):
-            # radiance.draft.local_vocab: the shard's own width is n_valid
-            dc.draft_confidence_triton(torch.empty((rows, cols), dtype=BF16), cols)
-            if cols in shipped.DRAFT_VOCAB_FULL:  # TP=1: the packed slot
-                dc.draft_top1_triton(torch.empty((rows, cols), dtype=BF16), cols)
-
-
-def launch_ngram_match(arch):
-    for width in (4096, 8192, 32768, 4097, 10001, 5000):
-        for rows in (1, 8, 64):
-            ctx = torch.zeros((256, width), dtype=torch.int32)[:rows]  # the mirror's first rows
-            nm.ngram_match_triton(ctx, torch.zeros(rows, dtype=torch.int32), shipped.NGRAM_K, shipped.NGRAM)
-
-
 def launch_fp8_stream(arch):
     if not aot.DEVICES[arch].has_fp8:  # no radiance_fp8 there (sm_80): no fp8-stream
         return
@@ -143,11 +125,9 @@ def launch_fp8_gemm(arch):
                 fg.fp8_gemm_triton(torch.empty((m, k), dtype=fp8), a_scale, w_q, w_scale, BF16)
 
 
-LAUNCHERS = {"w4a16_gemm": launch_w4a16, "w4a8_gemm": launch_w4a8, "draft_confidence": launch_draft_confidence,
-             "ngram_match": launch_ngram_match, "fp8_gemm": launch_fp8_gemm,
+LAUNCHERS = {"w4a16_gemm": launch_w4a16, "w4a8_gemm": launch_w4a8, "fp8_gemm": launch_fp8_gemm,
              "fp8 stream epilogues": launch_fp8_stream}
-KERNELS = {"w4a16_gemm": ("w4a16_gemm",), "w4a8_gemm": ("w4a8_gemm",), "draft_confidence": ("draft_confidence",),
-           "ngram_match": ("ngram_match",), "fp8_gemm": ("fp8_gemm",),
+KERNELS = {"w4a16_gemm": ("w4a16_gemm",), "w4a8_gemm": ("w4a8_gemm",), "fp8_gemm": ("fp8_gemm",),
            "fp8 stream epilogues": ("add_rms_quant", "allreduce_add_rms_quant", "quant_fp8", "gdn_norm_quant")}
 
 

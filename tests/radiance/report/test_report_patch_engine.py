@@ -2,8 +2,6 @@
 spec-decoding stats, and vLLM's msgpack channel to the API server carries it (real vLLM types, no engine)."""
 from __future__ import annotations
 
-import types
-
 import pytest
 
 vllm = pytest.importorskip("vllm")
@@ -34,10 +32,30 @@ def _runner_output(payload=None) -> ModelRunnerOutput:
     return out
 
 
-def _step(stats: SchedulerStats | None):
-    """A stand-in for the stock ``update_from_output`` (a real Scheduler needs a whole engine config):
-    it returns what the stock one does, EngineCoreOutputs per client with this step's stats."""
-    return lambda scheduler, scheduler_output, model_runner_output: {0: EngineCoreOutputs(scheduler_stats=stats)}
+class FakeScheduler:
+    """A stand-in for vLLM's Scheduler (a real one needs a whole engine config): its ``update_from_output``
+    returns what the stock one does, EngineCoreOutputs per client with this step's stats (``stats``)."""
+
+    def __init__(self, num_spec_tokens: int) -> None:
+        self.num_spec_tokens = num_spec_tokens
+        self.stats: SchedulerStats | None = None
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        return {0: EngineCoreOutputs(scheduler_stats=self.stats)}
+
+
+@pytest.fixture
+def scheduler_cls():
+    """FakeScheduler with the patch's hooks on it, as ``install`` puts them on vLLM's."""
+    patch = patch_engine.EngineReportPatch()
+    patch.hook(patch_engine.SchedulerHooks, owner=FakeScheduler)
+    yield FakeScheduler
+    patch.revert()
+
+
+def _step(scheduler: FakeScheduler, stats: SchedulerStats | None, payload=None):
+    scheduler.stats = stats
+    return scheduler.update_from_output(None, _runner_output(payload))
 
 
 def test_the_stats_type_is_vllms_with_one_defaulted_field():
@@ -63,38 +81,33 @@ def test_install_swaps_the_stats_type_and_its_annotation_and_revert_restores_the
             sched.Scheduler.update_from_output) == before
 
 
-def test_the_payload_goes_into_the_steps_spec_decoding_stats():
-    scheduler = types.SimpleNamespace(num_spec_tokens=2)
+def test_the_payload_goes_into_the_steps_spec_decoding_stats(scheduler_cls):
+    scheduler = scheduler_cls(2)
     spec = RadianceSpecDecodingStats.new(2)
-    wrapped = patch_engine.EngineReportPatch._wrap(_step(SchedulerStats(spec_decoding_stats=spec)))
-    outputs = wrapped(scheduler, None, _runner_output(PAYLOAD))
+    outputs = _step(scheduler, SchedulerStats(spec_decoding_stats=spec), PAYLOAD)
     assert outputs[0].scheduler_stats.spec_decoding_stats is spec and spec.radiance == PAYLOAD
     assert scheduler._radiance_pending is None
 
 
-def test_a_step_without_drafts_gets_empty_stats_to_carry_it():
-    scheduler = types.SimpleNamespace(num_spec_tokens=3)
-    wrapped = patch_engine.EngineReportPatch._wrap(_step(SchedulerStats()))
-    spec = wrapped(scheduler, None, _runner_output(PAYLOAD))[0].scheduler_stats.spec_decoding_stats
+def test_a_step_without_drafts_gets_empty_stats_to_carry_it(scheduler_cls):
+    scheduler = scheduler_cls(3)
+    spec = _step(scheduler, SchedulerStats(), PAYLOAD)[0].scheduler_stats.spec_decoding_stats
     assert isinstance(spec, RadianceSpecDecodingStats) and spec.radiance == PAYLOAD and spec.num_spec_tokens == 3
 
 
-def test_a_step_whose_stats_are_not_sent_keeps_the_payload_for_the_next():
-    scheduler = types.SimpleNamespace(num_spec_tokens=1)
-    quiet = patch_engine.EngineReportPatch._wrap(_step(None))
-    assert quiet(scheduler, None, _runner_output(PAYLOAD))[0].scheduler_stats is None
-    assert quiet(scheduler, None, _runner_output(PAYLOAD))[0].scheduler_stats is None
+def test_a_step_whose_stats_are_not_sent_keeps_the_payload_for_the_next(scheduler_cls):
+    scheduler = scheduler_cls(1)
+    assert _step(scheduler, None, PAYLOAD)[0].scheduler_stats is None
+    assert _step(scheduler, None, PAYLOAD)[0].scheduler_stats is None
     assert scheduler._radiance_pending["counters"] == PAYLOAD["counters"] * 2   # merged, not lost
-    spec = patch_engine.EngineReportPatch._wrap(_step(SchedulerStats()))(
-        scheduler, None, _runner_output())[0].scheduler_stats.spec_decoding_stats
+    spec = _step(scheduler, SchedulerStats())[0].scheduler_stats.spec_decoding_stats
     assert spec.radiance["counters"] == PAYLOAD["counters"] * 2 and scheduler._radiance_pending is None
 
 
-def test_stock_stats_are_left_alone():
-    scheduler = types.SimpleNamespace(num_spec_tokens=1)
+def test_stock_stats_are_left_alone(scheduler_cls):
+    scheduler = scheduler_cls(1)
     stock = SpecDecodingStats.new(1)   # built before the patch swapped the type: carries no field
-    wrapped = patch_engine.EngineReportPatch._wrap(_step(SchedulerStats(spec_decoding_stats=stock)))
-    wrapped(scheduler, None, _runner_output(PAYLOAD))
+    _step(scheduler, SchedulerStats(spec_decoding_stats=stock), PAYLOAD)
     assert not hasattr(stock, "radiance") and scheduler._radiance_pending == PAYLOAD
 
 

@@ -47,6 +47,34 @@ def one_rank(monkeypatch):
     return group
 
 
+@pytest.fixture
+def hooked():
+    """``hooked(patch, load=..., step=...)``: a stand-in worker whose stock ``load_model`` is ``load`` and whose
+    stock ``execute_model``/``sample_tokens`` are ``step``, with the patch's hooks on its class."""
+    patches = []
+
+    def make(patch, load=None, step=None):
+        class FakeWorker:
+            model_runner = types.SimpleNamespace(model=None)
+
+            def load_model(self):
+                return load(self)
+
+            def execute_model(self):
+                return step(self)
+
+            def sample_tokens(self):
+                return step(self)
+
+        patch.hook(patch_worker.WorkerHooks, owner=FakeWorker)
+        patches.append(patch)
+        return FakeWorker()
+
+    yield make
+    for patch in patches:
+        patch.revert()
+
+
 def test_install_wraps_the_workers_three_methods_and_revert_restores_them():
     from vllm.v1.worker.gpu_worker import Worker
 
@@ -92,45 +120,45 @@ def test_after_load_declines_a_patch_that_runs_stock_for_what_was_loaded(clean_r
     assert clean_report.outcomes[kept.name].status == "applied"
 
 
-def test_the_load_gathers_the_report_into_the_channel(clean_report, one_rank, fresh_channel, monkeypatch):
+def test_the_load_gathers_the_report_into_the_channel(clean_report, one_rank, fresh_channel, monkeypatch,
+                                                      hooked):
     monkeypatch.setattr(plugin, "_registry", Registry([]))
     clean_report.record(patching.Outcome(ROW["patch"], ROW["feature"], "applied"))
-    load = patch_worker.WorkerReportPatch()._wrap_load(lambda worker: "loaded")
-    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(model=None))
-    assert load(worker) == "loaded"
+    worker = hooked(patch_worker.WorkerReportPatch(), load=lambda worker: "loaded")
+    assert worker.load_model() == "loaded"
     assert fresh_channel.take_payload()["ranks"] == {"0": [ROW]}
 
 
-def test_rank_0s_output_carries_the_payload_once(fresh_channel, monkeypatch):
+def test_rank_0s_output_carries_the_payload_once(fresh_channel, monkeypatch, hooked):
     monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: True)
     fresh_channel.set_ranks({0: [ROW]})
-    step = patch_worker.WorkerReportPatch()._wrap_step(lambda worker: ModelRunnerOutput(req_ids=[], req_id_to_index={}))
-    first, second = step(None), step(None)
+    worker = hooked(patch_worker.WorkerReportPatch(),
+                    step=lambda worker: ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+    first, second = worker.execute_model(), worker.sample_tokens()
     assert first.radiance == {"counters": [], "ranks": {"0": [ROW]}} and not hasattr(second, "radiance")
 
 
-def test_a_step_without_output_keeps_the_payload_for_the_next(fresh_channel, monkeypatch):
+def test_a_step_without_output_keeps_the_payload_for_the_next(fresh_channel, monkeypatch, hooked):
     monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: True)
     fresh_channel.add_counter_source(lambda: [("c", {}, 1, "doc")])
-    patch = patch_worker.WorkerReportPatch()
     outputs = iter([types.SimpleNamespace(), ModelRunnerOutput(req_ids=[], req_id_to_index={})])
-    step = patch._wrap_step(lambda worker: next(outputs))
-    assert not hasattr(step(None), "radiance")   # not a ModelRunnerOutput: nothing attached
-    assert step(None).radiance == {"counters": [["c", {}, 1, "doc"], ["c", {}, 1, "doc"]]}
+    worker = hooked(patch_worker.WorkerReportPatch(), step=lambda worker: next(outputs))
+    assert not hasattr(worker.execute_model(), "radiance")   # not a ModelRunnerOutput: nothing attached
+    assert worker.execute_model().radiance == {"counters": [["c", {}, 1, "doc"], ["c", {}, 1, "doc"]]}
 
 
-def test_an_async_output_stand_in_gets_it_on_the_plain_output_it_wraps(fresh_channel, monkeypatch):
+def test_an_async_output_stand_in_gets_it_on_the_plain_output_it_wraps(fresh_channel, monkeypatch, hooked):
     monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: True)
     fresh_channel.set_ranks({0: [ROW]})
     plain = ModelRunnerOutput(req_ids=[], req_id_to_index={})
     wrapper = types.SimpleNamespace(_model_runner_output=plain)
-    patch_worker.WorkerReportPatch()._wrap_step(lambda worker: wrapper)(None)
+    hooked(patch_worker.WorkerReportPatch(), step=lambda worker: wrapper).sample_tokens()
     assert plain.radiance["ranks"] == {"0": [ROW]} and not hasattr(wrapper, "radiance")
 
 
-def test_other_ranks_attach_nothing(fresh_channel, monkeypatch):
+def test_other_ranks_attach_nothing(fresh_channel, monkeypatch, hooked):
     monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: False)
     fresh_channel.set_ranks({0: [ROW]})
-    out = patch_worker.WorkerReportPatch()._wrap_step(lambda worker: ModelRunnerOutput(req_ids=[],
-                                                                                        req_id_to_index={}))(None)
+    out = hooked(patch_worker.WorkerReportPatch(),
+                 step=lambda worker: ModelRunnerOutput(req_ids=[], req_id_to_index={})).execute_model()
     assert not hasattr(out, "radiance") and fresh_channel.take_payload() is not None

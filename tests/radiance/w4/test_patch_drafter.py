@@ -48,7 +48,9 @@ def _load_draft(layers):
     """What vLLM's loader does for each module, inside the (patched) drafter _get_model."""
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
-    return SpecDecodeBaseProposer._get_model(types.SimpleNamespace(layers=list(layers)))
+    proposer = SpecDecodeBaseProposer.__new__(SpecDecodeBaseProposer)  # vLLM's class, without its engine
+    proposer.layers = list(layers)
+    return proposer._get_model()
 
 
 @pytest.fixture
@@ -131,10 +133,11 @@ def test_block_fp8_checkpoint_is_dequantised_with_its_own_blocks(w4):
     layer.weight = torch.nn.Parameter(w8, requires_grad=False)
     layer.weight_scale_inv = torch.nn.Parameter(scale, requires_grad=False)
     layer.orig_dtype = torch.bfloat16
-    method = types.SimpleNamespace(block_quant=True, weight_block_size=[128, 128])
+    method = Fp8LinearMethod.__new__(Fp8LinearMethod)  # vLLM's class, without the quant config it needs
+    method.block_quant, method.weight_block_size = True, [128, 128]
     calls = []
     with DRAFT_SCOPE.entered():
-        Fp8LinearMethod.process_weights_after_loading(method, layer)
+        method.process_weights_after_loading(layer)
     assert not calls and isinstance(layer.quant_method, convert.W4Method)
     assert layer.weight.numel() == 0 and layer.weight_scale_inv.numel() == 0
     deq = convert.dequant_block_fp8(w8, scale, (128, 128), torch.float32)
