@@ -8,10 +8,19 @@ to gain at d (``AcceptanceEstimate``), that is the throughput the depth is worth
 best. Measured rather than modelled: the price of a depth includes what no model here knows, such as
 what an MTP forward costs beside the target's verification at this batch size on this GPU.
 
-A depth not yet measured in a bucket is probed: held for ``probe_steps`` steps. Then the next depth other
-than the best is probed again after 16 steps of the bucket, the interval doubling up to ``reprobe_every``:
-an early misjudgement is corrected early, and a change of traffic or of the acceptance at deeper positions
-is seen later on. A depth's speed is the median of its last five timed steps, its very first one dropped.
+A depth not yet measured in a bucket is probed: held for ``probe_steps`` steps, the shallowest first. Then
+the next depth other than the best is probed again after 16 steps of the bucket, the interval doubling up to
+``reprobe_every``: an early misjudgement is corrected early, and a change of traffic or of the acceptance at
+deeper positions is seen later on. A depth's speed is the median of its last five timed steps, its very
+first one dropped.
+
+A probe is not free: its steps give up the tokens the best depth would have made. On the H100 at 27B shapes
+with code-like acceptance, probes of depths 1-3 made the feature lose to stock (docs/benchmarks.md, eighth
+session). So once the shallowest candidate is measured, a depth is probed only if it could win: a shallower
+depth saves MTP forwards, never the verification, so no depth steps faster than the fastest one measured,
+and a depth whose expected tokens at that speed fall short of the best's worth cannot be the best. Deeper
+depths than the best always pass (they make more tokens), so the acceptance of deep positions is still seen;
+the shallowest is still re-probed, since the bound is its speed.
 
 The seeds' tau keeps its intent: a depth whose last position is estimated, from at least 32 drafts, to be
 accepted less often than tau is not a candidate (stop drafting where acceptance is unlikely). The re-probes
@@ -95,7 +104,9 @@ class _Bucket:
     probe_left: int = 0
     next_reprobe: int = FIRST_REPROBE
     interval: int = FIRST_REPROBE                         # doubles after each re-probe, up to reprobe_every
-    turn: int = 0                                         # round robin over the depths to re-probe
+    last_probe: dict[int, int] = field(default_factory=dict)  # depth -> the bucket step its last probe began
+    reprobes: int = 0
+    best: int | None = None                               # the best depth when last asked
 
 
 @dataclass
@@ -140,25 +151,47 @@ class DepthPolicy:
             return Decision(st.probe, True)
         st.probe = None
         best = self._best(st, cands)
+        if best != st.best:
+            # the traffic moved (or the first measures came in): look around again soon
+            st.best, st.interval = best, FIRST_REPROBE
+            st.next_reprobe = min(st.next_reprobe, st.steps + FIRST_REPROBE)
         if st.steps > WARMUP_STEPS:
-            todo = [d for d in reversed(cands)
-                    if not self._measured(st, d) and st.probes.get(d, 0) < MAX_PROBES and d != best]
+            # the configured depth (what stock runs), then the shallowest (the bound), then the rest
+            order = sorted(cands, key=lambda d: (d != cands[-1], d))
+            todo = [d for d in order if not self._measured(st, d) and st.probes.get(d, 0) < MAX_PROBES
+                    and d != best and self._could_win(st, d, cands, best)]
             if todo:
                 return self._start_probe(st, todo[0])
             if st.steps >= st.next_reprobe:
                 st.interval = min(2 * st.interval, self.reprobe_every)
                 st.next_reprobe = st.steps + st.interval
                 # every depth under the cap, those tau ruled out too: their acceptance is only seen when drafted
-                others = [d for d in range(1, self._cap(batch_size) + 1) if d != best]
+                others = [d for d in range(1, self._cap(batch_size) + 1)
+                          if d != best and self._could_win(st, d, cands, best)]
                 if others:
-                    st.turn = (st.turn + 1) % len(others)
-                    return self._start_probe(st, others[st.turn])
+                    # deeper and shallower depths in turn, each side's longest unprobed first: a deeper depth's
+                    # worth hides in positions seen only while drafted, a shallower one's only in its speed
+                    st.reprobes += 1
+                    sides = [[d for d in others if d > best], [d for d in others if d < best]]
+                    side = next(x for x in sides[st.reprobes % 2:] + sides[:st.reprobes % 2] if x)
+                    return self._start_probe(st, min(side, key=lambda d: (st.last_probe.get(d, -1), d)))
         return Decision(best, False)
 
     def _start_probe(self, st: _Bucket, depth: int) -> Decision:
         st.probes[depth] = st.probes.get(depth, 0) + 1
+        st.last_probe[depth] = st.steps
         st.probe, st.probe_left = depth, self.probe_steps - 1
         return Decision(depth, True)
+
+    def _could_win(self, st: _Bucket, depth: int, cands: list[int], best: int) -> bool:
+        """Whether ``depth`` could beat ``best`` at the fastest speed measured in this bucket (known once the
+        shallowest candidate, the fastest by construction, is measured). Unknown means yes."""
+        worth = self._worth(st, cands)
+        e = self.acceptance.expected_tokens(depth)
+        if best not in worth or e is None or not cands or depth == cands[0] or not self._measured(st, cands[0]):
+            return True   # the shallowest is the bound's own measure: it stays re-probed
+        fastest = max(st.speed[d].rate for d in cands if self._measured(st, d))
+        return e * fastest >= worth[best]
 
     def _measured(self, st: _Bucket, depth: int) -> bool:
         s = st.speed.get(depth)
