@@ -135,3 +135,15 @@ def register() -> None:
 
 def registry() -> Registry | None:
     return _registry
+
+
+def unregister() -> None:
+    """Take back every patch ``register`` put in this process, last first, and forget them. vLLM never
+    calls it; a process that hosted an engine in-process and goes on with other work does (a test run:
+    vLLM's ``LLM`` loads the plugin into the calling process too)."""
+    global _registry
+    if _registry is None:
+        return
+    for patch in reversed(_registry.patches):
+        patch.revert()
+    _registry = None

@@ -107,3 +107,14 @@ def shared_cache() -> Path:
     path = Path(os.environ.get("RADIANCE_TEST_CACHE", REPO / ".cache" / "test-models"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _plugin_taken_back_after_the_module():
+    """vLLM's in-process ``LLM`` (tests/e2e) loads the plugin into this process as well: its patches would
+    stay on vLLM's classes for every later test of this worker, and a test installing a patch of its own
+    would find the method replaced already. Taken back after each module."""
+    yield
+    plugin = sys.modules.get("radiance.plugin")
+    if plugin is not None:
+        plugin.unregister()
