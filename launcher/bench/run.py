@@ -173,8 +173,9 @@ def compare(results: list[dict]) -> None:
     ref = {rounds.row_key(r): r["decode_tok_s"] for r in base["results"]}
     for s in results:
         for r in s.get("results", []):
-            if ref.get(rounds.row_key(r)):
-                r["vs_stock"] = round(r["decode_tok_s"] / ref[rounds.row_key(r)], 3)
+            stock = ref.get(rounds.row_key(r))
+            if stock:
+                r["vs_stock"] = round(r["decode_tok_s"] / stock, 3)
 
 
 def git_commit() -> str:

@@ -23,6 +23,7 @@ from ..engine_report import counter_key
 from . import lossless, synthetic_rates
 from .rounds import acceptance_label
 
+GREEDY = dict(temperature=0.0, ignore_eos=True)   # every timed request: the same tokens, max_tokens of them
 SPEC = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
         "vllm:spec_decode_num_accepted_tokens")
 
@@ -134,8 +135,6 @@ def run(job: dict) -> dict:
     result["load_s"] = round(time.perf_counter() - t0, 1)
     result["keys_after"] = compile_cache_keys()
     tok = llm.get_tokenizer()
-    greedy = dict(temperature=0.0, ignore_eos=True)
-    n = job["max_tokens"]
     verdicts = {}
     profiles = job.get("acceptance") or [None]
     for i, rates in enumerate(profiles):
@@ -146,7 +145,7 @@ def run(job: dict) -> dict:
             # that learns acceptance from finished steps (dynamic-draft) has seen this one
             b = max(job["batches"])
             inputs = [{"prompt_token_ids": p} for p in _prompts(tok, job["prompts"], b, job.get("prompt_tokens", 0))]
-            llm.generate(inputs, SamplingParams(max_tokens=n, **greedy), use_tqdm=False)
+            llm.generate(inputs, SamplingParams(max_tokens=job["max_tokens"], **GREEDY), use_tqdm=False)
         _batches(llm, SamplingParams, tok, job, rates, result, verdicts)
     if verdicts:
         result["lossless"] = lossless.merge(verdicts).as_dict()
@@ -156,23 +155,22 @@ def run(job: dict) -> dict:
 
 def _batches(llm, SamplingParams, tok, job: dict, rates: list[float] | None, result: dict, verdicts: dict) -> None:
     """Each batch size timed at the acceptance now in force; rows appended to ``result``."""
-    greedy = dict(temperature=0.0, ignore_eos=True)
     n = job["max_tokens"]
     for b in job["batches"]:
         prompts = _prompts(tok, job["prompts"], b, job.get("prompt_tokens", 0))
         inputs = [{"prompt_token_ids": p} for p in prompts]
-        llm.generate(inputs, SamplingParams(max_tokens=min(8, n), **greedy), use_tqdm=False)  # shapes warm
+        llm.generate(inputs, SamplingParams(max_tokens=min(8, n), **GREEDY), use_tqdm=False)  # shapes warm
         runs = []
         for _ in range(max(1, job.get("repeat", 1))):
             llm.reset_prefix_cache()
             before, _ = _metrics(llm)
             t = time.perf_counter()
-            outs = llm.generate(inputs, SamplingParams(max_tokens=n, **greedy), use_tqdm=False)
+            outs = llm.generate(inputs, SamplingParams(max_tokens=n, **GREEDY), use_tqdm=False)
             t_full = time.perf_counter() - t
             spec = _delta(_metrics(llm)[0], before)
             llm.reset_prefix_cache()
             t = time.perf_counter()
-            llm.generate(inputs, SamplingParams(max_tokens=1, **greedy), use_tqdm=False)
+            llm.generate(inputs, SamplingParams(max_tokens=1, **GREEDY), use_tqdm=False)
             t_first = time.perf_counter() - t
             runs.append((t_full, t_first, spec, outs))
         t_full, t_first, spec, outs = sorted(runs, key=lambda r: r[0] - r[1])[len(runs) // 2]

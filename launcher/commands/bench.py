@@ -178,7 +178,7 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
     profile = _with_vllm_args(load(profile_path), vllm_arg)
     check_knobs()
     batches = _ints("--batch", batch_raw)
-    acceptance = None
+    profiles: list[list[float]] = []
     for raw in acceptance_raw:
         try:
             rates = bench_rounds.parse_acceptance(raw)
@@ -190,7 +190,8 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
         if len(rates) < profile.drafter.num_speculative_tokens:
             raise errors.UsageError(f"--acceptance: {len(rates)} rates for drafter.num_speculative_tokens "
                                     f"{profile.drafter.num_speculative_tokens} — fix: give one rate per position")
-        acceptance = [*(acceptance or []), rates]
+        profiles.append(rates)
+    acceptance = profiles or None
     lossless_batches = [] if lossless_raw.strip().lower() == "none" else _ints("--lossless", lossless_raw)
     if platform == platforms.AUTO:
         if profile.runtime.platform != platforms.AUTO:

@@ -8,11 +8,11 @@ to gain at d (``AcceptanceEstimate``), that is the throughput the depth is worth
 best. Measured rather than modelled: the price of a depth includes what no model here knows, such as
 what an MTP forward costs beside the target's verification at this batch size on this GPU.
 
-A depth not yet measured in a bucket is probed: held for ``probe_steps`` steps, the shallowest first. Then
-the next depth other than the best is probed again after 16 steps of the bucket, the interval doubling up to
-``reprobe_every``: an early misjudgement is corrected early, and a change of traffic or of the acceptance at
-deeper positions is seen later on. A depth's speed is the median of its last five timed steps, its very
-first one dropped.
+A depth not yet measured in a bucket is probed: held for ``probe_steps`` steps, the configured depth first,
+then the shallowest (the speed bound below), then the rest. Then the next depth other than the best is
+probed again after 16 steps of the bucket, the interval doubling up to ``reprobe_every``: an early
+misjudgement is corrected early, and a change of traffic or of the acceptance at deeper positions is seen
+later on. A depth's speed is the median of its last five timed steps, its very first one dropped.
 
 A probe is not free: its steps give up the tokens the best depth would have made. On the H100 at 27B shapes
 with code-like acceptance, probes of depths 1-3 made the feature lose to stock (docs/benchmarks.md, eighth
@@ -150,7 +150,8 @@ class DepthPolicy:
             st.probe_left -= 1
             return Decision(st.probe, True)
         st.probe = None
-        best = self._best(st, cands)
+        worth = self._worth(st, cands)
+        best = max(worth, key=lambda d: (worth[d], d)) if worth else max(cands)  # unmeasured: what stock runs
         if best != st.best:
             # the traffic moved (or the first measures came in): look around again soon
             st.best, st.interval = best, FIRST_REPROBE
@@ -159,7 +160,7 @@ class DepthPolicy:
             # the configured depth (what stock runs), then the shallowest (the bound), then the rest
             order = sorted(cands, key=lambda d: (d != cands[-1], d))
             todo = [d for d in order if not self._measured(st, d) and st.probes.get(d, 0) < MAX_PROBES
-                    and d != best and self._could_win(st, d, cands, best)]
+                    and d != best and self._could_win(st, d, cands, worth, best)]
             if todo:
                 return self._start_probe(st, todo[0])
             if st.steps >= st.next_reprobe:
@@ -167,7 +168,7 @@ class DepthPolicy:
                 st.next_reprobe = st.steps + st.interval
                 # every depth under the cap, those tau ruled out too: their acceptance is only seen when drafted
                 others = [d for d in range(1, self._cap(batch_size) + 1)
-                          if d != best and self._could_win(st, d, cands, best)]
+                          if d != best and self._could_win(st, d, cands, worth, best)]
                 if others:
                     # deeper and shallower depths in turn, each side's longest unprobed first: a deeper depth's
                     # worth hides in positions seen only while drafted, a shallower one's only in its speed
@@ -183,12 +184,12 @@ class DepthPolicy:
         st.probe, st.probe_left = depth, self.probe_steps - 1
         return Decision(depth, True)
 
-    def _could_win(self, st: _Bucket, depth: int, cands: list[int], best: int) -> bool:
-        """Whether ``depth`` could beat ``best`` at the fastest speed measured in this bucket (known once the
-        shallowest candidate, the fastest by construction, is measured). Unknown means yes."""
-        worth = self._worth(st, cands)
+    def _could_win(self, st: _Bucket, depth: int, cands: list[int], worth: dict[int, float], best: int) -> bool:
+        """Whether ``depth`` could beat ``best`` (``worth`` the candidates' as measured) at the fastest speed
+        measured in this bucket, known once the shallowest candidate, the fastest by construction, is
+        measured. Unknown means yes."""
         e = self.acceptance.expected_tokens(depth)
-        if best not in worth or e is None or not cands or depth == cands[0] or not self._measured(st, cands[0]):
+        if best not in worth or e is None or depth == cands[0] or not self._measured(st, cands[0]):
             return True   # the shallowest is the bound's own measure: it stays re-probed
         fastest = max(st.speed[d].rate for d in cands if self._measured(st, d))
         return e * fastest >= worth[best]
@@ -200,12 +201,6 @@ class DepthPolicy:
     def _worth(self, st: _Bucket, cands: list[int]) -> dict[int, float]:
         """Expected tokens per second of each measured candidate."""
         return {d: self.acceptance.expected_tokens(d) * st.speed[d].rate for d in cands if self._measured(st, d)}
-
-    def _best(self, st: _Bucket, cands: list[int]) -> int:
-        worth = self._worth(st, cands)
-        if not worth:
-            return max(cands)   # the configured depth (or the cap): what stock would run
-        return max(worth, key=lambda d: (worth[d], d))
 
     def worth(self, batch_size: int) -> dict[int, float]:
         """Expected tokens per second of each measured candidate at this batch size (telemetry, tests)."""
