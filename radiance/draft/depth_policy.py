@@ -12,7 +12,13 @@ A depth not yet measured in a bucket is probed: held for ``probe_steps`` steps, 
 then the shallowest (the speed bound below), then the rest. Then the next depth other than the best is
 probed again after 16 steps of the bucket, the interval doubling up to ``reprobe_every``: an early
 misjudgement is corrected early, and a change of traffic or of the acceptance at deeper positions is seen
-later on. A depth's speed is the median of its last five timed steps, its very first one dropped.
+later on. A depth's speed is the median of its last fifteen timed steps, its very first one dropped.
+
+Steps jitter (on the H100 the trained tiny model's host-bound steps moved by up to 40% between repeats), and a
+probe's few steps can make a worse depth look ahead: there the policy drafted depth 3 at B = 8 and lost 22%
+to stock (docs/benchmarks.md, ninth session). So a depth other than the configured one runs only once its
+lead is beyond the noise (``_best``), and until then the configured depth runs and the leader is timed
+further.
 
 A probe is not free: its steps give up the tokens the best depth would have made. On the H100 at 27B shapes
 with code-like acceptance, probes of depths 1-3 made the feature lose to stock (docs/benchmarks.md, eighth
@@ -31,6 +37,7 @@ Pure host logic: no torch, no vLLM; time is passed in.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -41,10 +48,19 @@ REPROBE_EVERY = 256
 WARMUP_STEPS = 2     # steps of a bucket at the configured depth before any probe
 MIN_SAMPLES = 2      # clean steps before a depth's speed counts
 MAX_PROBES = 3       # probes of a depth that yielded no clean step before it is left out of the bucket
-WINDOW = 5           # a depth's speed is the median of its last few samples: one slow step moves nothing
+WINDOW = 15          # a depth's speed is the median of its last few samples: one slow step moves nothing
 FIRST_REPROBE = 16   # steps of a bucket before its first re-probe; the interval doubles up to reprobe_every
 OUTLIER = 4.0        # a gap this many times the cell's step time is an idle engine, not a step
+MARGIN = 0.02        # how much more than stock's depth another must be worth, beyond the noise, to run instead
+MEDIAN_SE = 1.25     # a median's standard error over the mean's, for normal noise
 TAU_EVIDENCE = 32.0  # drafts that must have reached a position before tau may rule it out
+
+
+def _relative_noise(speeds) -> float:
+    """The relative spread of one timed step around its depth's median, pooled over a bucket's depths
+    (1.4826 x the median absolute deviation: a standard deviation that one stalled step does not move)."""
+    devs = sorted(abs(x - s.rate) / s.rate for s in speeds if s.samples >= 2 for x in s.recent)
+    return 1.4826 * devs[len(devs) // 2] if devs else 0.0
 
 
 def bucket(batch_size: int) -> int:
@@ -151,7 +167,7 @@ class DepthPolicy:
             return Decision(st.probe, True)
         st.probe = None
         worth = self._worth(st, cands)
-        best = max(worth, key=lambda d: (worth[d], d)) if worth else max(cands)  # unmeasured: what stock runs
+        best, leader = self._best(st, worth, cands[-1])
         if best != st.best:
             # the traffic moved (or the first measures came in): look around again soon
             st.best, st.interval = best, FIRST_REPROBE
@@ -163,6 +179,8 @@ class DepthPolicy:
                     and d != best and self._could_win(st, d, cands, worth, best)]
             if todo:
                 return self._start_probe(st, todo[0])
+            if leader is not None and st.speed[leader].samples < WINDOW:
+                return self._start_probe(st, leader)   # ahead, not yet beyond the noise: time it further
             if st.steps >= st.next_reprobe:
                 st.interval = min(2 * st.interval, self.reprobe_every)
                 st.next_reprobe = st.steps + st.interval
@@ -177,6 +195,25 @@ class DepthPolicy:
                     side = next(x for x in sides[st.reprobes % 2:] + sides[:st.reprobes % 2] if x)
                     return self._start_probe(st, min(side, key=lambda d: (st.last_probe.get(d, -1), d)))
         return Decision(best, False)
+
+    @staticmethod
+    def _best(st: _Bucket, worth: dict[int, float], stock: int) -> tuple[int, int | None]:
+        """The depth to run, and a leader still to be confirmed (or None). The depth worth the most runs
+        unless its lead over the deepest candidate (what stock runs) is within what the step-time noise
+        allows: ``MARGIN`` plus one standard error of the two speeds' ratio (their medians' errors, from the
+        spread of every timed step in the bucket). Until then stock's depth runs and the leader is named, to
+        be timed further: a lead from a probe's few steps is mostly noise where steps jitter (the trained
+        tiny model's steps on the H100 did by up to 40%), and a wrong switch away from stock costs the run."""
+        if not worth:
+            return stock, None   # unmeasured: what stock runs
+        best = max(worth, key=lambda d: (worth[d], d))
+        if best == stock or stock not in worth:
+            return best, None
+        noise = _relative_noise(st.speed.values())
+        se = [MEDIAN_SE * noise / math.sqrt(st.speed[d].samples) for d in (best, stock)]
+        if worth[best] > (1 + MARGIN + math.hypot(*se)) * worth[stock]:
+            return best, None
+        return stock, best
 
     def _start_probe(self, st: _Bucket, depth: int) -> Decision:
         st.probes[depth] = st.probes.get(depth, 0) + 1
