@@ -11,6 +11,7 @@ exposure just as a ``fail`` does.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import re
 import time
@@ -81,32 +82,23 @@ async def run_gate_async(cfg: GateConfig, base_url: str, *, model: str, api_key:
             checks.append(CheckResult("smoke", "skipped", "disabled in the profile"))
         blocked = checks[0].blocking
 
-        result = _skipped("target", cfg.target.enabled, blocked)
-        if result is None:
-            start, step = bar.hooks("target check")
-            result = await _timed("target", lambda: _target(
-                cfg, base_url, api_key, model, context, reference, identity, start, step))
-        checks.append(result)
-
-        result = _skipped("speed", cfg.speed.enabled, blocked)
-        if result is None:
-            start, step = bar.hooks("speed check")
-            result = await _timed("speed", lambda: _speed(
-                cfg, base_url, api_key, model, context, reference, identity, start, step))
-        checks.append(result)
-
-        result = _skipped("acceptance", cfg.acceptance.enabled, blocked)
-        if result is None:
-            start, step = bar.hooks("acceptance prompts")
-            result = await _timed("acceptance", lambda: _acceptance(
-                cfg, base_url, baseline_url, api_key, model, context, start, step))
-        checks.append(result)
-
-        result = _skipped("gsm8k", cfg.gsm8k.enabled, blocked)
-        if result is None:
-            start, step = bar.hooks("GSM8K")
-            result = await _timed("gsm8k", lambda: _gsm8k(cfg, base_url, api_key, model, start, step))
-        checks.append(result)
+        # in order; each (name, enabled, what the progress bar calls it, the check given its bar's hooks)
+        steps = [
+            ("target", cfg.target.enabled, "target check", lambda start, step: _target(
+                cfg, base_url, api_key, model, context, reference, identity, start, step)),
+            ("speed", cfg.speed.enabled, "speed check", lambda start, step: _speed(
+                cfg, base_url, api_key, model, context, reference, identity, start, step)),
+            ("acceptance", cfg.acceptance.enabled, "acceptance prompts", lambda start, step: _acceptance(
+                cfg, base_url, baseline_url, api_key, model, context, start, step)),
+            ("gsm8k", cfg.gsm8k.enabled, "GSM8K", lambda start, step: _gsm8k(
+                cfg, base_url, api_key, model, start, step)),
+        ]
+        for name, enabled, label, check in steps:
+            result = _skipped(name, enabled, blocked)
+            if result is None:
+                start, step = bar.hooks(label)
+                result = await _timed(name, functools.partial(check, start, step))
+            checks.append(result)
 
     report = GateReport(
         checks=checks,
