@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The appliance inside vLLM's GPU build on the H200 machine (docs/benchmarks.md, "Inside vLLM on the H200"):
 #   bash benchmarks/h200_inside_vllm.sh STEP COMMIT [SETS] [extra radiance bench options]
-# STEP: tiny | big (one call each) | table-start, then table-poll until it prints the bench's exit code
+# STEP: tiny | big | headscale (one call each) | table-start, then table-poll until it prints the bench's exit code
 # after ../shared/gpu/stage.py's pieces are in /tmp/stage (README there) and .gpu/proj holds this
 # checkout's wheel and the launcher's two packages the machine lacks (ruamel.yaml, docker). Each STEP is one
 # call of at most 10 minutes; results go to $OUT (JSON report + the radiance lines of the engine logs).
@@ -69,6 +69,9 @@ case "$step" in
     cp /tmp/table/report.json "$OUT/" 2>/dev/null; tail -n 60 /tmp/table/bench.log; cat /tmp/table/rc 2>/dev/null
     grep -h -E "radiance|Error|Traceback|declin|latched|took|KV cache|[Aa]sync" /tmp/table/report-logs/*.log 2>/dev/null \
       | grep -v -E "DeprecationWarning|warnings.warn" | cut -c1-300 | tail -n 400 > "$OUT/table.log" ;;
+  headscale)  # issue 38: the gate's target check against int4-head's plan forced to 4-bit up to 40 rows on the
+    # trained tiny model (benchmarks/gate_head_scale.sh says what each of its three runs expects)
+    bash benchmarks/gate_head_scale.sh profiles/tiny-gpu.yaml "${3:-40}"; echo "headscale rc=$?" ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac
 ls -la "$OUT"
