@@ -59,7 +59,12 @@ TAU_EVIDENCE = 32.0  # drafts that must have reached a position before tau may r
 def _relative_noise(speeds) -> float:
     """The relative spread of one timed step around its depth's median, pooled over a bucket's depths
     (1.4826 x the median absolute deviation: a standard deviation that one stalled step does not move)."""
-    devs = sorted(abs(x - s.rate) / s.rate for s in speeds if s.samples >= 2 for x in s.recent)
+    devs = []
+    for s in speeds:
+        if s.samples >= 2:
+            m = s.rate   # a median: sorted once per depth, not once per sample
+            devs += [abs(x - m) / m for x in s.recent]
+    devs.sort()
     return 1.4826 * devs[len(devs) // 2] if devs else 0.0
 
 
