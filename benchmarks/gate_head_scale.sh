@@ -8,6 +8,8 @@
 #   3. the same with every output row's first group scale x2 in the 4-bit head: expected to fail its target
 #      check (exit 3). If prompt logprobs scored the bf16 head kept above ROWS rows, 3 would pass.
 # Usage: bash benchmarks/gate_head_scale.sh [BASE_PROFILE] [ROWS]   (default profiles/tiny-gpu.yaml, 40)
+# EAGER=1 serves all three without torch.compile and CUDA graphs: the head's plan and the scoring path are the
+# same, and a fresh GPU machine is spared the tiny model's cold compile (for a call beside a longer run).
 # Results (the gate reports, the reference, a summary) go to $OUT. Runs on a CPU too (profiles/tiny-cpu.yaml),
 # where the plan is forced the same way; `benchmarks/h200_inside_vllm.sh headscale` runs it on the GPU machine.
 set -uo pipefail
@@ -29,6 +31,8 @@ target.setdefault("max_nll_increase", 0.02)       # the tiny profiles' bounds (p
 target.setdefault("min_prefix_agreement", 0.2)
 gate.setdefault("speed", {})["enabled"] = False  # a forced 4-bit head on a head this small is slower by design
 gate.setdefault("gsm8k", {})["enabled"] = False
+if os.environ.get("EAGER") == "1":
+    data.setdefault("vllm_args", {})["enforce-eager"] = True
 env = data.setdefault("env", {})
 env.update(E2E_INT4_HEAD_ROWS=rows, PYTHONPATH=os.pathsep.join(filter(None, [plant, os.environ.get("PYTHONPATH")])))
 (work / "ok.yaml").write_text(yaml.safe_dump(data))
@@ -46,7 +50,7 @@ summary="record-reference rc=$rec (0 expected), undamaged rc=$ok (0 expected), p
 echo "$summary" | tee "$OUT/summary.txt"
 # one result document: each gate run's verdict and target check, beside what ran them
 python3 - "$OUT" "$base" "$rows" "$rec" "$ok" "$planted" "${COMMIT:-$(git rev-parse HEAD 2>/dev/null)}" <<'PY' || true
-import json, platform, sys
+import json, os, platform, sys
 from datetime import datetime, timezone
 from pathlib import Path
 out, base, rows, rec, ok, planted, commit = sys.argv[1:8]
@@ -64,6 +68,7 @@ except Exception:
     device = "unknown"
 doc = {"kind": "gate_head_scale", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
        "commit": commit, "device": device, "profile": base, "forced_w4_max_rows": int(rows),
+       "enforce_eager": os.environ.get("EAGER") == "1",
        "exit_codes": {"record_reference": int(rec), "undamaged": int(ok), "planted": int(planted)},
        "expected": {"record_reference": 0, "undamaged": 0, "planted": 3}, "runs": runs}
 Path(out, "head_scale.json").write_text(json.dumps(doc, indent=1))
