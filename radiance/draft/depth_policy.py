@@ -25,8 +25,11 @@ with code-like acceptance, probes of depths 1-3 made the feature lose to stock (
 session). So once the shallowest candidate is measured, a depth is probed only if it could win: a shallower
 depth saves MTP forwards, never the verification, so no depth steps faster than the fastest one measured,
 and a depth whose expected tokens at that speed fall short of the best's worth cannot be the best. Deeper
-depths than the best always pass (they make more tokens), so the acceptance of deep positions is still seen;
-the shallowest is still re-probed, since the bound is its speed.
+depths than the best always pass (they make more tokens), so the acceptance of deep positions is still seen.
+The shallowest itself, and any shallower depth in a bucket that has not timed the shallowest, is bounded by
+its speed relative to the best's, from this bucket or the nearest one that timed both, with ``HEADROOM``
+for the ratio to drift: in the tenth session its re-probes, and its first probes in the bucket a B = 32
+batch passes through as its requests finish, were still 7% of a code-like B = 32 run at 27B shapes.
 
 The seeds' tau keeps its intent: a depth whose last position is estimated, from at least 32 drafts, to be
 accepted less often than tau is not a candidate (stop drafting where acceptance is unlikely). The re-probes
@@ -54,6 +57,7 @@ OUTLIER = 4.0        # a gap this many times the cell's step time is an idle eng
 MARGIN = 0.02        # how much more than stock's depth another must be worth, beyond the noise, to run instead
 MEDIAN_SE = 1.25     # a median's standard error over the mean's, for normal noise
 TAU_EVIDENCE = 32.0  # drafts that must have reached a position before tau may rule it out
+HEADROOM = 0.25      # how much faster, relative to the best, a shallower depth may step than it was timed to
 
 
 def _relative_noise(speeds) -> float:
@@ -118,6 +122,7 @@ class _Speed:
 
 @dataclass
 class _Bucket:
+    size: int = 1
     speed: dict[int, _Speed] = field(default_factory=dict)
     probes: dict[int, int] = field(default_factory=dict)   # depth -> probes started
     steps: int = 0
@@ -164,7 +169,8 @@ class DepthPolicy:
         return min(depth_cap(self.schedule, batch_size) or self.k, self.k)
 
     def choose(self, batch_size: int) -> Decision:
-        st = self._buckets.setdefault(bucket(batch_size), _Bucket())
+        b = bucket(batch_size)
+        st = self._buckets.get(b) or self._buckets.setdefault(b, _Bucket(size=b))
         st.steps += 1
         cands = self.candidates(batch_size)
         if st.probe is not None and st.probe <= self._cap(batch_size) and st.probe_left > 0:
@@ -227,14 +233,27 @@ class DepthPolicy:
         return Decision(depth, True)
 
     def _could_win(self, st: _Bucket, depth: int, cands: list[int], worth: dict[int, float], best: int) -> bool:
-        """Whether ``depth`` could beat ``best`` (``worth`` the candidates' as measured) at the fastest speed
-        measured in this bucket, known once the shallowest candidate, the fastest by construction, is
-        measured. Unknown means yes."""
-        e = self.acceptance.expected_tokens(depth)
-        if best not in worth or e is None or depth == cands[0] or not self._measured(st, cands[0]):
-            return True   # the shallowest is the bound's own measure: it stays re-probed
-        fastest = max(st.speed[d].rate for d in cands if self._measured(st, d))
-        return e * fastest >= worth[best]
+        """Whether ``depth`` could beat ``best``. A deeper depth always could. A shallower one: at the fastest
+        speed measured in this bucket once the shallowest candidate (the fastest by construction) is
+        measured; the shallowest itself, or any before it is measured, at its speed relative to the best's
+        (this bucket's, else the nearest bucket's that timed both) plus ``HEADROOM``. Unknown means yes."""
+        e, e_best = self.acceptance.expected_tokens(depth), self.acceptance.expected_tokens(best)
+        if e is None or e_best is None or depth > best:
+            return True
+        if best in worth and depth != cands[0] and self._measured(st, cands[0]):
+            fastest = max(st.speed[d].rate for d in cands if self._measured(st, d))
+            return e * fastest >= worth[best]
+        ratio = self._speed_ratio(st, depth, best)
+        return ratio is None or e * ratio * (1 + HEADROOM) >= e_best
+
+    def _speed_ratio(self, st: _Bucket, depth: int, best: int) -> float | None:
+        """How many times faster ``depth`` steps than ``best``: in this bucket if both are timed there, else
+        in the nearest bucket (by batch size) that timed both; None where none has."""
+        near = sorted(self._buckets.values(), key=lambda o: (o is not st, abs(math.log2(o.size / st.size))))
+        for o in near:
+            if all(o.speed.get(d) is not None and o.speed[d].samples >= MIN_SAMPLES for d in (depth, best)):
+                return o.speed[depth].rate / o.speed[best].rate
+        return None
 
     def _measured(self, st: _Bucket, depth: int) -> bool:
         s = st.speed.get(depth)
