@@ -3,7 +3,9 @@
 #   bash benchmarks/h200_inside_vllm.sh STEP COMMIT [SETS] [extra radiance bench options]
 # STEP: tiny | big | headscale (one call each) | table-start, then table-poll until it prints the bench's exit code
 # after ../shared/gpu/stage.py's pieces are in /tmp/stage (README there) and .gpu/proj holds this
-# checkout's wheel and the launcher's two packages the machine lacks (ruamel.yaml, docker). Each STEP is one
+# checkout's wheel, the launcher's two packages the machine lacks (ruamel.yaml, docker) and, for the steps that
+# start vLLM's OpenAI server (headscale: the gate), what its router imports and the staged wheels leave out
+# (`pip download --no-deps model_hosting_container_standards jmespath supervisor`). Each STEP is one
 # call of at most 10 minutes; results go to $OUT (JSON report + the radiance lines of the engine logs).
 # Staging takes half the calls when this checkout's own files do not travel beside each piece (every call
 # carries the tracked tree, ~34 MiB): `git rm -r -q --cached . && echo '*' >> .git/info/exclude`, then
