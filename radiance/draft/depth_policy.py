@@ -27,9 +27,10 @@ depth saves MTP forwards, never the verification, so no depth steps faster than 
 and a depth whose expected tokens at that speed fall short of the best's worth cannot be the best. Deeper
 depths than the best always pass (they make more tokens), so the acceptance of deep positions is still seen.
 The shallowest itself, and any shallower depth in a bucket that has not timed the shallowest, is bounded by
-its speed relative to the best's, from this bucket or the nearest one that timed both, with ``HEADROOM``
-for the ratio to drift: in the tenth session its re-probes, and its first probes in the bucket a B = 32
-batch passes through as its requests finish, were still 7% of a code-like B = 32 run at 27B shapes.
+its speed relative to the best's, from this bucket or the nearest one that timed both (or, for a depth
+never timed, on the line between the shallowest's step time and the best's), with ``HEADROOM`` for drift:
+in the tenth session the shallowest's re-probes, and its first probes in the bucket a B = 32 batch passes
+through as its requests finish, still cost 7% of a code-like B = 32 run at 27B shapes.
 
 The seeds' tau keeps its intent: a depth whose last position is estimated, from at least 32 drafts, to be
 accepted less often than tau is not a candidate (stop drafting where acceptance is unlikely). The re-probes
@@ -236,23 +237,33 @@ class DepthPolicy:
         """Whether ``depth`` could beat ``best``. A deeper depth always could. A shallower one: at the fastest
         speed measured in this bucket once the shallowest candidate (the fastest by construction) is
         measured; the shallowest itself, or any before it is measured, at its speed relative to the best's
-        (this bucket's, else the nearest bucket's that timed both) plus ``HEADROOM``. Unknown means yes."""
+        (``_speed_ratio``) plus ``HEADROOM``. Unknown means yes."""
         e, e_best = self.acceptance.expected_tokens(depth), self.acceptance.expected_tokens(best)
         if e is None or e_best is None or depth > best:
             return True
         if best in worth and depth != cands[0] and self._measured(st, cands[0]):
             fastest = max(st.speed[d].rate for d in cands if self._measured(st, d))
             return e * fastest >= worth[best]
-        ratio = self._speed_ratio(st, depth, best)
+        ratio = self._speed_ratio(st, depth, best, cands[0])
         return ratio is None or e * ratio * (1 + HEADROOM) >= e_best
 
-    def _speed_ratio(self, st: _Bucket, depth: int, best: int) -> float | None:
-        """How many times faster ``depth`` steps than ``best``: in this bucket if both are timed there, else
-        in the nearest bucket (by batch size) that timed both; None where none has."""
+    def _speed_ratio(self, st: _Bucket, depth: int, best: int, shallowest: int) -> float | None:
+        """How many times faster ``depth`` steps than ``best``: from this bucket, else the nearest (by batch
+        size) that timed both; failing that, from the nearest that timed the shallowest and the best, with the
+        step time taken on the line between theirs (each MTP forward costs alike; for this bound only).
+        None where no bucket has timed enough."""
         near = sorted(self._buckets.values(), key=lambda o: (o is not st, abs(math.log2(o.size / st.size))))
+
+        def timed(o: _Bucket, d: int) -> bool:
+            return o.speed.get(d) is not None and o.speed[d].samples >= MIN_SAMPLES
+
         for o in near:
-            if all(o.speed.get(d) is not None and o.speed[d].samples >= MIN_SAMPLES for d in (depth, best)):
+            if timed(o, depth) and timed(o, best):
                 return o.speed[depth].rate / o.speed[best].rate
+        for o in near:
+            if best > shallowest and timed(o, shallowest) and timed(o, best):
+                t = o.speed[best].rate / o.speed[shallowest].rate   # the shallowest's step time over the best's
+                return 1.0 / (t + (depth - shallowest) / (best - shallowest) * (1.0 - t))
         return None
 
     def _measured(self, st: _Bucket, depth: int) -> bool:

@@ -247,6 +247,7 @@ def test_a_new_bucket_does_not_probe_a_depth_the_nearest_bucket_says_cannot_win(
         for b in [32] * 17 + [16] * 3:
             eng.step(b)
     assert 1 not in eng.chosen[n:]
+    assert 2 not in eng.chosen[n:]       # never timed: on the line between depths 1 and 4, 2.7 tokens at 1.2x
     eng = Engine(DepthPolicy(4), cost, prose)
     for _ in range(100):
         eng.step(8)
