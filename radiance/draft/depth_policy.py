@@ -171,7 +171,9 @@ class DepthPolicy:
 
     def choose(self, batch_size: int) -> Decision:
         b = bucket(batch_size)
-        st = self._buckets.get(b) or self._buckets.setdefault(b, _Bucket(size=b))
+        st = self._buckets.get(b)
+        if st is None:
+            st = self._buckets[b] = _Bucket(size=b)
         st.steps += 1
         cands = self.candidates(batch_size)
         if st.probe is not None and st.probe <= self._cap(batch_size) and st.probe_left > 0:
@@ -253,15 +255,11 @@ class DepthPolicy:
         step time taken on the line between theirs (each MTP forward costs alike; for this bound only).
         None where no bucket has timed enough."""
         near = sorted(self._buckets.values(), key=lambda o: (o is not st, abs(math.log2(o.size / st.size))))
-
-        def timed(o: _Bucket, d: int) -> bool:
-            return o.speed.get(d) is not None and o.speed[d].samples >= MIN_SAMPLES
-
         for o in near:
-            if timed(o, depth) and timed(o, best):
+            if self._measured(o, depth) and self._measured(o, best):
                 return o.speed[depth].rate / o.speed[best].rate
-        for o in near:
-            if best > shallowest and timed(o, shallowest) and timed(o, best):
+        for o in near:   # shallowest <= depth < best: the line has two distinct ends
+            if self._measured(o, shallowest) and self._measured(o, best):
                 t = o.speed[best].rate / o.speed[shallowest].rate   # the shallowest's step time over the best's
                 return 1.0 / (t + (depth - shallowest) / (best - shallowest) * (1.0 - t))
         return None
