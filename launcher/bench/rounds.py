@@ -63,9 +63,17 @@ def _spread(values: list[float]) -> dict:
             "max": round(max(values), 3), "n": len(values)}
 
 
-def is_stock(s: dict) -> bool:
-    """The reference a ratio is taken against: the plugin off, Model Runner V1, the profile's draft depth."""
-    return not s.get("plugin") and s.get("runner") == "v1" and not s.get("depth_override") and "error" not in s
+def is_stock(s: dict, runner: str = "v1") -> bool:
+    """Stock vLLM on ``runner``: the plugin off, the profile's draft depth, an engine that ran."""
+    return not s.get("plugin") and s.get("runner") == runner and not s.get("depth_override") and "error" not in s
+
+
+def reference(results: list[dict]) -> dict | None:
+    """The set every ratio is taken against: stock vLLM on the runner vLLM itself picks where it ran
+    (``stock@v2`` on a GPU: vLLM 0.32's default, what `vllm serve` gives a user), else stock on V1 (the
+    only runner on a CPU; on a GPU the runner the plugin's sets use, so pairs differ by features only)."""
+    return (next((s for s in results if is_stock(s, "v2")), None)
+            or next((s for s in results if is_stock(s, "v1")), None))
 
 
 def merge_rounds(rounds: list[list[dict]]) -> list[dict]:

@@ -139,8 +139,7 @@ def bench(profile: Profile, profile_path: str, platform: str, sets: list[plan.Fe
 
 def _report(profile: Profile, profile_path: str, platform: str, opts: Options, commit: str, started,
             done: list[list[dict]]) -> dict:
-    for results in done:
-        compare(results)
+    refs = [compare(results) for results in done]
     # a round still running is left out of the merge until it is complete
     complete = [r for r in done if len(r) == len(done[0])]
     results = done[0] if len(done) == 1 else rounds.merge_rounds(complete)
@@ -159,23 +158,26 @@ def _report(profile: Profile, profile_path: str, platform: str, opts: Options, c
         # each row names its profile ("acceptance"); padding past a dynamic depth is never accepted there
         "acceptance": ({"kind": "synthetic", "rates": opts.acceptance[0], "profiles": opts.acceptance}
                        if opts.acceptance else {"kind": "model"}),
+        # the set each vs_stock is a ratio to (rounds.reference)
+        "reference": next((r for r in refs if r), None),
         "sets": list(results),
     }
     return report
 
 
-def compare(results: list[dict]) -> None:
-    """Adds each row's ratio to the stock V1 set of the same round at the same batch and acceptance
-    (``vs_stock``), in place."""
-    base = next((s for s in results if rounds.is_stock(s)), None)
+def compare(results: list[dict]) -> str | None:
+    """Adds each row's ratio to the reference set of the same round (rounds.reference) at the same batch and
+    acceptance (``vs_stock``), in place; returns the reference's name."""
+    base = rounds.reference(results)
     if base is None:
-        return
+        return None
     ref = {rounds.row_key(r): r["decode_tok_s"] for r in base["results"]}
     for s in results:
         for r in s.get("results", []):
             stock = ref.get(rounds.row_key(r))
             if stock:
                 r["vs_stock"] = round(r["decode_tok_s"] / stock, 3)
+    return base["set"]
 
 
 def git_commit() -> str:

@@ -116,7 +116,8 @@ def _table(report: dict) -> None:
         f"{report['options']['max_tokens']} tokens per request, greedy; {how}"
         + (f"; median of {report['options'].get('rounds_done', n)} interleaved rounds [min-max]" if n > 1 else "")
         + ")",
-        ["set", "runner", *(["acceptance"] if many else []), "B", "decode tok/s", "vs stock", "ms/step", "accept len", "lossless"], rows))
+        ["set", "runner", *(["acceptance"] if many else []), "B", "decode tok/s",
+         f"vs {report.get('reference') or 'stock'}", "ms/step", "accept len", "lossless"], rows))
 
 
 @click.command("bench")

@@ -117,3 +117,18 @@ def test_every_acceptance_profile_is_checked_before_any_engine():
                                    "--acceptance", "synthetic:0.5,0.6,0.1,0.1"])
     assert res.exit_code == 2, res.output
     assert "must not increase" in res.output
+
+
+def test_ratios_are_to_stock_on_the_runner_vllm_picks_where_it_ran():
+    # on a GPU vLLM 0.32 picks Model Runner V2: a user's `vllm serve` is stock@v2, so that is the reference
+    # even though the plugin's sets run V1; without it (a CPU, or --sets without stock@v2) stock V1 is
+    v1 = _set("stock", False, {8: 100.0})
+    v2 = {**_set("stock@v2", False, {8: 125.0}), "runner": "v2"}
+    feat = _set("only-int4_head", True, {8: 120.0})
+    both = [v1, v2, feat]
+    assert run.compare(both) == "stock@v2"
+    assert feat["results"][0]["vs_stock"] == 0.96 and v1["results"][0]["vs_stock"] == 0.8
+    only_v1 = [_set("stock", False, {8: 100.0}), _set("only-int4_head", True, {8: 120.0})]
+    assert run.compare(only_v1) == "stock" and only_v1[1]["results"][0]["vs_stock"] == 1.2
+    failed_v2 = [{**v2, "error": "engine died"}, _set("stock", False, {8: 100.0}), _set("x", True, {8: 90.0})]
+    assert run.compare(failed_v2) == "stock" and failed_v2[2]["results"][0]["vs_stock"] == 0.9
