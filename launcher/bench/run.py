@@ -49,6 +49,9 @@ class Options:
     # vLLM's synthetic rejection sampler (rounds.py): each profile's rates in turn, in one engine per set
     acceptance: list[list[float]] | None = None
     rounds: int = 1                        # every set once per round, rounds one after another
+    # the first set (stock) loaded once and kept: each other set loaded once and measured against it,
+    # reference and set alternating ``rounds`` times (two engines share the device: half its memory each)
+    keep_reference: bool = False
 
 
 def engine_env(fs: plan.FeatureSet, cfg_env: dict[str, str], platform: str) -> dict[str, str]:
@@ -60,8 +63,19 @@ def engine_env(fs: plan.FeatureSet, cfg_env: dict[str, str], platform: str) -> d
     return env
 
 
-def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path,
-            log_suffix: str = "") -> dict:
+@dataclass
+class _Engine:
+    """What one set's worker is started with, and what its result is annotated with."""
+    fs: plan.FeatureSet
+    depth: int
+    env: dict[str, str]
+    job: dict
+    log_path: Path
+    command: str
+
+
+def _engine(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path,
+            log_suffix: str = "") -> _Engine:
     p = plan.for_set(profile, fs)
     cfg = engine_args.from_profile(p, platform=platform)
     server_args = cfg.server_args
@@ -80,39 +94,178 @@ def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
            "acceptance": opts.acceptance}
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{fs.name.replace('@', '-').replace('+', '_').replace('/', '-')}{log_suffix}.log"
+    return _Engine(fs, p.drafter.num_speculative_tokens, env, job, log_path, cfg.redacted_command())
+
+
+def _spawn(e: _Engine, job_path: Path, out_path: Path, log, stdin=subprocess.DEVNULL) -> subprocess.Popen:
+    job_path.write_text(json.dumps(e.job))
+    procs.become_subreaper()
+    log.write(f"[radiance] bench set {e.fs.name}: {e.command}\n".encode())
+    log.flush()
+    return subprocess.Popen([sys.executable, "-m", "launcher.bench.worker", str(job_path), str(out_path)],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=stdin, env=e.env, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    # The worker's engine core and workers go with it, whatever state it left them in, also when this
+    # process is interrupted.
+    LocalEngine().stop(EngineHandle(runtime="local", ident=str(proc.pid), spec=None), timeout=20.0)
+
+
+def _annotate(result: dict, e: _Engine) -> dict:
+    fs = e.fs
+    result.update(features=list(fs.features), plugin=fs.plugin, runner=fs.runner, depth=e.depth,
+                  depth_override=fs.depth is not None, log=str(e.log_path),
+                  knobs={k: v for k, v in sorted(e.env.items())
+                         if k.startswith("RADIANCE_") or k == "VLLM_USE_V2_MODEL_RUNNER"})
+    if "error" in result:
+        result["log_tail"] = e.log_path.read_text(errors="replace").splitlines()[-15:]
+    return result
+
+
+def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path,
+            log_suffix: str = "") -> dict:
+    e = _engine(fs, profile, platform, opts, log_dir, log_suffix)
     with tempfile.TemporaryDirectory(prefix="radiance-bench-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps(job))
-        procs.become_subreaper()
         t0 = time.monotonic()
-        with open(log_path, "wb") as log:
-            log.write(f"[radiance] bench set {fs.name}: {cfg.redacted_command()}\n".encode())
-            log.flush()
-            proc = subprocess.Popen([sys.executable, "-m", "launcher.bench.worker", str(job_path), str(out_path)],
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
+        with open(e.log_path, "wb") as log:
+            proc = _spawn(e, job_path, out_path, log)
             try:
                 proc.wait(timeout=opts.timeout_s)
             except subprocess.TimeoutExpired:
                 pass
             finally:
-                # The worker's engine core and workers go with it, whatever state it left them in, also
-                # when this process is interrupted.
-                LocalEngine().stop(EngineHandle(runtime="local", ident=str(proc.pid), spec=None), timeout=20.0)
+                _stop(proc)
         result = json.loads(out_path.read_text()) if out_path.exists() else {
             "set": fs.name, "error": f"no result after {time.monotonic() - t0:.0f} s (timeout {opts.timeout_s:.0f} s)"}
-    result.update(features=list(fs.features), plugin=fs.plugin, runner=fs.runner, depth=p.drafter.num_speculative_tokens,
-                  depth_override=fs.depth is not None,
-                  log=str(log_path),
-                  knobs={k: v for k, v in sorted(env.items())
-                         if k.startswith("RADIANCE_") or k == "VLLM_USE_V2_MODEL_RUNNER"})
-    if "error" in result:
-        result["log_tail"] = log_path.read_text(errors="replace").splitlines()[-15:]
-    return result
+    return _annotate(result, e)
+
+
+class Resident:
+    """One set's engine kept loaded between measurements (``--keep-reference``): started once, then measured
+    on request, so that another engine can be timed between two of its measurements."""
+
+    def __init__(self, fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path):
+        self.e = _engine(fs, profile, platform, opts, log_dir)
+        self.e.job["serve"] = True
+        self.opts = opts
+        self._tmp = tempfile.TemporaryDirectory(prefix="radiance-bench-")
+        tmp = Path(self._tmp.name)
+        self.out = tmp / "result.json"
+        self._log = open(self.e.log_path, "wb")
+        self.proc = _spawn(self.e, tmp / "job.json", self.out, self._log, stdin=subprocess.PIPE)
+        self.n = 0
+        self.error: str | None = None
+
+    def wait_ready(self) -> bool:
+        """Blocks until the engine is up; False (and ``error`` set) when it failed or timed out."""
+        t0 = time.monotonic()
+        ready = self.out.parent / "ready"
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() - t0 > self.opts.timeout_s:
+                self.error = (json.loads(self.out.read_text())["error"] if self.out.exists() else
+                              f"engine gone or not up after {time.monotonic() - t0:.0f} s")
+                return False
+            time.sleep(0.5)
+        return True
+
+    def measure(self, lossless: bool) -> dict:
+        """One measurement (every acceptance profile, every batch), its result annotated like run_set's."""
+        if self.error is None:
+            self.wait_ready()
+        if self.error is not None:
+            return _annotate({"set": self.e.fs.name, "error": self.error}, self.e)
+        self.n += 1
+        path = self.out.parent / f"{self.out.name}.{self.n}"
+        t0 = time.monotonic()
+        try:
+            self.proc.stdin.write((json.dumps({"n": self.n, "lossless": lossless}) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            pass
+        while not path.exists():
+            if self.proc.poll() is not None or time.monotonic() - t0 > self.opts.timeout_s:
+                self.error = f"engine gone or no result after {time.monotonic() - t0:.0f} s (measurement {self.n})"
+                return _annotate({"set": self.e.fs.name, "error": self.error}, self.e)
+            time.sleep(0.2)
+        return _annotate(json.loads(path.read_text()), self.e)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        _stop(self.proc)
+        self._log.close()
+        self._tmp.cleanup()
 
 
 def bench(profile: Profile, profile_path: str, platform: str, sets: list[plan.FeatureSet], opts: Options,
           commit: str, log_dir: Path, on_set=None) -> dict:
+    if opts.keep_reference:
+        return bench_beside_reference(profile, profile_path, platform, sets, opts, commit, log_dir, on_set)
+    return bench_fresh(profile, profile_path, platform, sets, opts, commit, log_dir, on_set)
+
+
+def bench_beside_reference(profile: Profile, profile_path: str, platform: str, sets: list[plan.FeatureSet],
+                           opts: Options, commit: str, log_dir: Path, on_set=None) -> dict:
+    """``sets[0]`` (stock) started once and kept loaded; each other set started in turn beside it and
+    measured ``opts.rounds`` times, alternating with the reference (stock, set, stock, set, ...), each ratio
+    taken within its pair. Engine starts: one per set instead of one per set per round; the outputs are
+    re-scored in each engine's first measurement only."""
+    started = dt.datetime.now(dt.timezone.utc)
+    pairs: dict[str, list[list[dict]]] = {fs.name: [] for fs in sets[1:]}
+    report = lambda: _report_pairs(profile, profile_path, platform, opts, commit, started, sets, pairs)
+    console.info(f"radiance bench: reference {sets[0].name} started once and kept; engine log {log_dir}")
+    ref = Resident(sets[0], profile, platform, opts, log_dir)
+    first_ref = True
+    try:
+        for i, fs in enumerate(sets[1:], 1):
+            console.info(f"radiance bench: set {fs.name} ({i}/{len(sets) - 1}) beside {sets[0].name}: features "
+                         f"{'+'.join(fs.features) or 'none'}, runner {fs.runner}, {opts.rounds} pair(s)")
+            eng = Resident(fs, profile, platform, opts, log_dir)
+            try:
+                for n in range(opts.rounds):
+                    # the reference is not measured while the set's engine loads: both are up first
+                    eng.wait_ready()
+                    a = ref.measure(lossless=first_ref)
+                    first_ref = False
+                    b = eng.measure(lossless=n == 0)
+                    compare([a, b])
+                    pairs[fs.name].append([a, b])
+                    for r in (a, b):
+                        if "error" in r:
+                            console.warn(f"set {r['set']}: {r['error']} (log: {r['log']})")
+                    if on_set is not None:
+                        on_set(report())
+                    if "error" in b:
+                        break
+            finally:
+                eng.close()
+    finally:
+        ref.close()
+    return report()
+
+
+def _report_pairs(profile: Profile, profile_path: str, platform: str, opts: Options, commit: str, started,
+                  sets: list[plan.FeatureSet], pairs: dict[str, list[list[dict]]]) -> dict:
+    """One entry per set like bench_fresh's: the reference from all its measurements, each set from its
+    pairs (median, spread, every pair kept under ``rounds``)."""
+    refs = [p[0] for ps in pairs.values() for p in ps]
+    merged = [rounds.merge_rounds([[r] for r in refs])[0]] if refs else []
+    for name, ps in pairs.items():
+        if ps:
+            merged.append(rounds.merge_rounds(ps)[1])
+    done = min((len(ps) for ps in pairs.values() if ps), default=0)
+    report = _header(profile, profile_path, platform, opts, commit, started, merged, done)
+    report["reference"] = sets[0].name
+    report["sets"] = merged
+    return report
+
+
+def bench_fresh(profile: Profile, profile_path: str, platform: str, sets: list[plan.FeatureSet], opts: Options,
+                commit: str, log_dir: Path, on_set=None) -> dict:
     """Every set once per round, ``opts.rounds`` rounds in a row (stock, set, stock, set, ...); the outputs
     are re-scored in the first round only. ``on_set(report)`` after each set: a long run that is cut short
     keeps what it measured."""
@@ -143,9 +296,18 @@ def _report(profile: Profile, profile_path: str, platform: str, opts: Options, c
     # a round still running is left out of the merge until it is complete
     complete = [r for r in done if len(r) == len(done[0])]
     results = done[0] if len(done) == 1 else rounds.merge_rounds(complete)
-    device = next((r.get("device") for r in results if r.get("device")), None)
-    report = {
-        "kind": "radiance-bench", "date": started.isoformat(timespec="seconds"), "device": device,
+    report = _header(profile, profile_path, platform, opts, commit, started, results, len(complete))
+    # the set each vs_stock is a ratio to (rounds.reference)
+    report["reference"] = next((r for r in refs if r), None)
+    report["sets"] = list(results)
+    return report
+
+
+def _header(profile: Profile, profile_path: str, platform: str, opts: Options, commit: str, started,
+            results: list[dict], rounds_done: int) -> dict:
+    return {
+        "kind": "radiance-bench", "date": started.isoformat(timespec="seconds"),
+        "device": next((r.get("device") for r in results if r.get("device")), None),
         "commit": commit, "profile": profile_path, "profile_name": profile.name, "platform": platform,
         "model": profile.model.path, "drafter": profile.drafter.model_dump(mode="json"),
         "vllm_args": dict(profile.vllm_args),
@@ -153,16 +315,12 @@ def _report(profile: Profile, profile_path: str, platform: str, opts: Options, c
         "torch": next((r.get("torch") for r in results if r.get("torch")), None),
         "options": {"batches": opts.batches, "max_tokens": opts.max_tokens, "prompt_tokens": opts.prompt_tokens,
                     "repeat": opts.repeat, "lossless_batches": opts.lossless_batches, "eps": opts.eps,
-                    "rounds": opts.rounds, "rounds_done": len(complete)},
+                    "rounds": opts.rounds, "rounds_done": rounds_done, "keep_reference": opts.keep_reference},
         # dummy weights accept nothing: with synthetic rates every throughput here is at those rates
         # each row names its profile ("acceptance"); padding past a dynamic depth is never accepted there
         "acceptance": ({"kind": "synthetic", "rates": opts.acceptance[0], "profiles": opts.acceptance}
                        if opts.acceptance else {"kind": "model"}),
-        # the set each vs_stock is a ratio to (rounds.reference)
-        "reference": next((r for r in refs if r), None),
-        "sets": list(results),
     }
-    return report
 
 
 def compare(results: list[dict]) -> str | None:

@@ -117,10 +117,11 @@ def _rescore(llm, SamplingParams, prompts: list[list[int]], outputs: list[list[i
     return lossless.check(outputs, passes, eps)
 
 
-def run(job: dict) -> dict:
+def start(job: dict):
+    """The engine built from the job's server arguments; (llm, the result's engine fields)."""
     result: dict = {"set": job["set"], "device": None, "results": [], "keys_before": compile_cache_keys()}
     t0 = time.perf_counter()
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -134,12 +135,22 @@ def run(job: dict) -> dict:
     llm = LLM.from_engine_args(engine_args)
     result["load_s"] = round(time.perf_counter() - t0, 1)
     result["keys_after"] = compile_cache_keys()
+    return llm, result
+
+
+def measure(llm, job: dict, result: dict, lossless_batches: list[int], rates_now: list[float] | None):
+    """Every acceptance profile in turn, every batch timed at each; rows into ``result``. ``rates_now``: the
+    synthetic rates the engine runs now (the first profile's at start). Returns the rates it leaves set."""
+    from vllm import SamplingParams
+
     tok = llm.get_tokenizer()
     verdicts = {}
     profiles = job.get("acceptance") or [None]
-    for i, rates in enumerate(profiles):
-        if i:
+    job = {**job, "lossless_batches": lossless_batches}
+    for rates in profiles:
+        if rates is not None and rates != rates_now:
             llm.collective_rpc(synthetic_rates.METHOD, args=(rates,))
+            rates_now = rates
         if len(profiles) > 1:
             # untimed: what each profile's steps measure is not the previous profile's tail, and a policy
             # that learns acceptance from finished steps (dynamic-draft) has seen this one
@@ -150,7 +161,40 @@ def run(job: dict) -> dict:
     if verdicts:
         result["lossless"] = lossless.merge(verdicts).as_dict()
     result["patch_status"] = _metrics(llm)[1]
+    return rates_now
+
+
+def run(job: dict) -> dict:
+    llm, result = start(job)
+    measure(llm, job, result, job.get("lossless_batches", []), (job.get("acceptance") or [None])[0])
     return result
+
+
+def serve(job: dict, out: Path) -> int:
+    """The engine kept loaded (``--keep-reference``): ``ready`` beside RESULT once it is up (or RESULT with
+    the error), then one measurement per line read from stdin (``{"n": N, "lossless": bool}``), each into
+    RESULT.N, until stdin closes. The driver times another engine between two measurements."""
+    try:
+        llm, base = start(job)
+    except Exception as exc:
+        traceback.print_exc()
+        out.write_text(json.dumps({"set": job.get("set"), "error": f"{type(exc).__name__}: {exc}"}))
+        return 1
+    (out.parent / "ready").write_text("")
+    rates_now = (job.get("acceptance") or [None])[0]
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        result = {**base, "results": []}
+        try:
+            rates_now = measure(llm, job, result, job.get("lossless_batches", []) if cmd.get("lossless") else [],
+                                rates_now)
+        except Exception as exc:
+            traceback.print_exc()
+            result = {"set": job.get("set"), "error": f"{type(exc).__name__}: {exc}"}
+        tmp = out.parent / f"{out.name}.{cmd['n']}.tmp"
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.rename(out.parent / f"{out.name}.{cmd['n']}")  # whole or absent: the driver polls for it
+    return 0
 
 
 def _batches(llm, SamplingParams, tok, job: dict, rates: list[float] | None, result: dict, verdicts: dict) -> None:
@@ -207,6 +251,8 @@ def _batches(llm, SamplingParams, tok, job: dict, rates: list[float] | None, res
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
     out = Path(argv[1])
+    if job.get("serve"):
+        return serve(job, out)
     try:
         result = run(job)
         code = 0

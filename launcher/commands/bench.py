@@ -120,6 +120,25 @@ def _table(report: dict) -> None:
          f"vs {report.get('reference') or 'stock'}", "ms/step", "accept len", "lossless"], rows))
 
 
+# two engines of vLLM's default 0.9 cannot share a device; 0.47 each leaves the CUDA context and what vLLM
+# keeps outside its budget room beside them
+TWO_ENGINE_UTILIZATION = 0.47
+
+
+def _check_keep_reference(profile, profile_path: str, sets, platform: str) -> None:
+    if len(sets) < 2 or sets[0].plugin or sets[0].depth is not None:
+        raise errors.UsageError(f"--keep-reference: the first of --sets is the reference and must be stock or "
+                                f"stock@v2, followed by the sets to measure beside it (got "
+                                f"{', '.join(s.name for s in sets)}) — fix: e.g. --sets stock@v2,only-int4_head")
+    if platform == platforms.CPU.name:
+        return
+    util = float(profile.vllm_args.get("gpu-memory-utilization") or 0.9)
+    if util > TWO_ENGINE_UTILIZATION:
+        raise errors.UsageError(f"--keep-reference: {profile_path}: vllm_args.gpu-memory-utilization {util:g} "
+                                f"leaves no room for a second engine on the device — fix: --vllm-arg "
+                                f"gpu-memory-utilization={TWO_ENGINE_UTILIZATION}")
+
+
 @click.command("bench")
 @PROFILE_ARG
 @click.option("--sets", "sets_spec", default=None, metavar="SETS",
@@ -136,6 +155,10 @@ def _table(report: dict) -> None:
 @click.option("--rounds", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Run every set this many times, interleaved (stock, set, stock, set, ...), each a fresh engine; "
                    "the report gives the median of the rounds and their spread, ratios taken within a round.")
+@click.option("--keep-reference", is_flag=True,
+              help="Start the first set (stock) once and keep it loaded; start each other set once beside it and "
+                   "alternate the two --rounds times (stock, set, stock, set, ...). One engine start per set "
+                   "instead of one per set per round; on a GPU both engines share it (gpu-memory-utilization <= 0.47).")
 @click.option("--acceptance", "acceptance_raw", multiple=True, metavar="synthetic:R1,R2,...",
               help="vLLM's synthetic rejection sampling at these per-position (unconditional) acceptance rates, "
                    "for dummy-weight profiles, whose drafts are otherwise never accepted; the report says so. "
@@ -162,7 +185,8 @@ def _table(report: dict) -> None:
                    "recorded in the report.")
 @JSON_OPT
 def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens: int, prompt_tokens: int,
-            repeat: int, rounds: int, acceptance_raw: tuple[str, ...], lossless_raw: str, allow_inconclusive: bool,
+            repeat: int, rounds: int, keep_reference: bool, acceptance_raw: tuple[str, ...], lossless_raw: str,
+            allow_inconclusive: bool,
             eps: float | None, platform: str, commit: str | None,
             out_path: str | None, engine_env: tuple[str, ...], vllm_arg: tuple[str, ...], as_json: bool) -> None:
     """Run PROFILE's model stock and with its feature sets, at each batch size, through vLLM's offline
@@ -207,12 +231,15 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
         raise errors.UsageError("--acceptance: vLLM's synthetic rejection sampling runs on GPUs only, not on "
                                 "the cpu platform — fix: leave --acceptance out on CPU")
     sets = plan.parse(sets_spec or plan.default_sets(profile, platform), profile, platform)
+    if keep_reference:
+        _check_keep_reference(profile, profile_path, sets, platform)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(out_path) if out_path else paths.reports_dir() / f"bench-{profile.name}-{stamp}.json"
     opts = run.Options(batches=batches, max_tokens=max_tokens, prompt_tokens=prompt_tokens, repeat=repeat,
                        lossless_batches=[b for b in lossless_batches if b in batches],
                        eps=DEFAULT_EPS if eps is None else eps, engine_env=_engine_env(engine_env),
-                       timeout_s=profile.runtime.startup_timeout_s + 1200, acceptance=acceptance, rounds=rounds)
+                       timeout_s=profile.runtime.startup_timeout_s + 1200, acceptance=acceptance, rounds=rounds,
+                       keep_reference=keep_reference)
     out.parent.mkdir(parents=True, exist_ok=True)
     # A bench stopped by SIGTERM (a CI timeout, `timeout`) unwinds like ^C, so the running set's engine is
     # stopped with it instead of running on in its own session.

@@ -1,8 +1,9 @@
 """`radiance bench` on real vLLM CPU: the embedded profile stock and with all its features, the report
 (date, device, commit, per-set rows, the lossless check), and a planted violation that the check fails.
 
-Two bench runs, three engines: ``stock,all`` at B = 1 and 4, then stock with a rejection sampler that
-accepts every draft (tests/e2e/plant_accept_all, test-only).
+Two bench runs, three engines: ``stock,all`` at B = 1 and 4 with the reference kept loaded (each engine
+started once, measured twice, alternating), then stock with a rejection sampler that accepts every draft
+(tests/e2e/plant_accept_all, test-only), in the fresh-engine path.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def _env(tmp_path) -> dict:
 def test_bench_stock_and_all_features_on_the_embedded_profile(tmp_path):
     out = tmp_path / "bench.json"
     proc = radiance("bench", "profiles/tiny-cpu.yaml", "--sets", "stock,all", "--batch", "1,4", "--max-tokens", "24",
-                    "--lossless", "1,4", "--commit", "0123abc", "--out", str(out), env=_env(tmp_path), timeout=900)
+                    "--lossless", "1,4", "--keep-reference", "--rounds", "2", "--commit", "0123abc", "--out", str(out),
+                    env=_env(tmp_path), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "radiance bench tiny-cpu" in proc.stdout and "1.00x" in proc.stdout  # the table
     report = json.loads(out.read_text())
@@ -50,6 +52,12 @@ def test_bench_stock_and_all_features_on_the_embedded_profile(tmp_path):
     assert {"dynamic_draft", "w4_drafter", "int4_head"} <= applied
     assert full["results"][0]["counters"].get("radiance:draft_steps_total", 0) > 0
     assert stock["patch_status"] == []                                        # the plugin was off
+    # one engine per set, each measured twice, stock and the set alternating; ratios within each pair
+    assert report["reference"] == "stock" and report["options"]["keep_reference"]
+    assert report["options"]["rounds_done"] == 2 and len(full["rounds"]) == 2 and len(stock["rounds"]) == 2
+    assert all(r["decode_tok_s_spread"]["n"] == 2 and r["vs_stock_spread"]["n"] == 2 for r in full["results"])
+    assert sorted(p.name for p in (tmp_path / "bench-logs").iterdir()) == ["all.log", "stock.log"]
+    assert [a["load_s"] for a in full["rounds"]][0] == full["rounds"][1]["load_s"]   # one start, not two
 
 
 def test_bench_fails_a_decoder_that_accepts_wrong_drafts(tmp_path):

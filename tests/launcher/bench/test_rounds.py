@@ -132,3 +132,14 @@ def test_ratios_are_to_stock_on_the_runner_vllm_picks_where_it_ran():
     assert run.compare(only_v1) == "stock" and only_v1[1]["results"][0]["vs_stock"] == 1.2
     failed_v2 = [{**v2, "error": "engine died"}, _set("stock", False, {8: 100.0}), _set("x", True, {8: 90.0})]
     assert run.compare(failed_v2) == "stock" and failed_v2[2]["results"][0]["vs_stock"] == 0.9
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--sets", "only-int4_head,stock@v2"], "must be stock or stock@v2"),
+    (["--sets", "stock@v2"], "must be stock or stock@v2"),
+    (["--sets", "stock@v2,only-int4_head"], "gpu-memory-utilization=0.47"),   # the profile's 0.9
+])
+def test_keep_reference_needs_stock_first_and_room_for_two_engines(extra, needle):
+    res = CliRunner().invoke(cli, ["bench", PROFILE, "--platform", "cuda", "--keep-reference", *extra])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output
