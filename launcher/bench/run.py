@@ -120,6 +120,7 @@ def _annotate(result: dict, e: _Engine) -> dict:
                          if k.startswith("RADIANCE_") or k == "VLLM_USE_V2_MODEL_RUNNER"})
     if "error" in result:
         result["log_tail"] = e.log_path.read_text(errors="replace").splitlines()[-15:]
+    rounds.add_expected(result)
     return result
 
 
@@ -325,16 +326,18 @@ def _header(profile: Profile, profile_path: str, platform: str, opts: Options, c
 
 def compare(results: list[dict]) -> str | None:
     """Adds each row's ratio to the reference set of the same round (rounds.reference) at the same batch and
-    acceptance (``vs_stock``), in place; returns the reference's name."""
+    acceptance (``vs_stock``; ``vs_stock_expected`` at the acceptance profile's expectation, rounds.add_expected),
+    in place; returns the reference's name."""
     base = rounds.reference(results)
     if base is None:
         return None
-    ref = {rounds.row_key(r): r["decode_tok_s"] for r in base["results"]}
-    for s in results:
-        for r in s.get("results", []):
-            stock = ref.get(rounds.row_key(r))
-            if stock:
-                r["vs_stock"] = round(r["decode_tok_s"] / stock, 3)
+    for key, ratio in (("decode_tok_s", "vs_stock"), ("decode_tok_s_expected", "vs_stock_expected")):
+        ref = {rounds.row_key(r): r[key] for r in base["results"] if r.get(key)}
+        for s in results:
+            for r in s.get("results", []):
+                stock = ref.get(rounds.row_key(r))
+                if stock and r.get(key):
+                    r[ratio] = round(r[key] / stock, 3)
     return base["set"]
 
 

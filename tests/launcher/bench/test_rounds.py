@@ -143,3 +143,30 @@ def test_keep_reference_needs_stock_first_and_room_for_two_engines(extra, needle
     res = CliRunner().invoke(cli, ["bench", PROFILE, "--platform", "cuda", "--keep-reference", *extra])
     assert res.exit_code == 2, res.output
     assert needle in res.output
+
+
+def test_b1_ratio_at_expected_acceptance_leaves_the_seeded_samplers_luck_out():
+    # measured on the H100 (2026-12-06): stock@v2 drew 4.33 tokens a step every round at rates expecting 4.16,
+    # a V1 set 3.88: its tok/s ratio was 0.91 though its steps were 4% faster
+    rates = "0.908/0.824/0.748/0.679"
+    stock = {"set": "stock@v2", "plugin": False, "runner": "v2", "depth": 4, "results": [
+        {"batch": 1, "acceptance": rates, "decode_tok_s": 161.6, "ms_per_step": 27.85},
+        {"batch": 8, "acceptance": rates, "decode_tok_s": 879.3, "ms_per_step": 38.53}]}
+    feat = {"set": "only-int4_head", "plugin": True, "runner": "v1", "depth": 4, "results": [
+        {"batch": 1, "acceptance": rates, "decode_tok_s": 147.0, "ms_per_step": 26.79},
+        {"batch": 8, "acceptance": rates, "decode_tok_s": 1118.6, "ms_per_step": 30.81}]}
+    for s in (stock, feat):
+        rounds.add_expected(s)
+    run.compare([stock, feat])
+    b1, b8 = feat["results"]
+    assert b1["expected_acceptance_length"] == 4.159 and b1["vs_stock"] == 0.91
+    assert b1["vs_stock_expected"] == round(27.85 / 26.79, 3)
+    assert "vs_stock_expected" not in b8 and "expected_acceptance_length" not in b8  # B > 1: the straggler's luck
+
+
+def test_expected_length_follows_the_depths_dynamic_draft_chose():
+    rates = [0.5, 0.25, 0.125, 0.0625]
+    assert rounds.expected_length(rates, 4) == 1.9375
+    counters = {"radiance:draft_depth_steps_total{depth=4}": 3.0, "radiance:draft_depth_steps_total{depth=1}": 1.0,
+                "radiance:draft_steps_total": 4.0}
+    assert rounds.expected_length(rates, 4, counters) == (3 * 1.9375 + 1.5) / 4

@@ -1,0 +1,76 @@
+"""The markdown table docs/benchmarks.md quotes, from a `radiance bench --rounds N` report, never edited:
+
+    python benchmarks/report_table.py benchmarks/results/REPORT.json
+
+Per set, acceptance profile and batch: the median decode tok/s of the rounds [min-max], the median of the
+within-round ratios to the report's reference [min-max], and the same ratio at the profile's expected
+acceptance (launcher.bench.rounds.add_expected: the measured step time, the synthetic sampler's luck left
+out), with the measured and the expected mean acceptance length. The figures are recomputed from each
+round's rows, so a report written before add_expected existed gets them too.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from launcher.bench import rounds, run  # noqa: E402
+
+
+def rederive(report: dict) -> list[dict]:
+    """The report's sets merged again from their rounds, with the expected-acceptance figures."""
+    sets = report["sets"]
+    n = min(len(s.get("rounds") or [s]) for s in sets)
+    done = []
+    for i in range(n):
+        one = [copy.deepcopy((s.get("rounds") or [s])[i]) for s in sets]
+        for s in one:
+            rounds.add_expected(s)
+        run.compare(one)
+        done.append(one)
+    return rounds.merge_rounds(done) if n > 1 else done[0]
+
+
+def _ratio(r: dict, key: str) -> str:
+    if key not in r:
+        return ""
+    sp = r.get(f"{key}_spread")
+    return f"{r[key]:.2f}" + (f" [{sp['min']:.2f}-{sp['max']:.2f}]" if sp else "")
+
+
+def markdown(report: dict) -> str:
+    ref = report.get("reference") or "stock"
+    lines = [f"| set | acceptance | B | decode tok/s [min-max] | vs {ref} | vs {ref} at expected acceptance | "
+             "ms/step | accept len (expected) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for s in rederive(report):
+        if "error" in s:
+            lines.append(f"| {s['set']} | error: {s['error'][:60]} | | | | | | |")
+            continue
+        for r in s["results"]:
+            sp = r.get("decode_tok_s_spread")
+            tok = f"{r['decode_tok_s']:.0f}" + (f" [{sp['min']:.0f}-{sp['max']:.0f}]" if sp else "")
+            acc = r.get("mean_acceptance_length")
+            exp = r.get("expected_acceptance_length")
+            lines.append(f"| {s['set']} | {r.get('acceptance', '')} | {r['batch']} | {tok} | {_ratio(r, 'vs_stock')} | "
+                         f"{_ratio(r, 'vs_stock_expected')} | {r['ms_per_step']:.2f} | "
+                         f"{acc if acc is not None else ''}{f' ({exp})' if exp is not None else ''} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("report", type=Path)
+    args = ap.parse_args(argv)
+    report = json.loads(args.report.read_text())
+    print(f"<!-- {args.report.name}: {report.get('device')}, commit {report.get('commit')}, {report.get('date')}, "
+          f"{report['options'].get('rounds_done')} rounds -->")
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
