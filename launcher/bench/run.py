@@ -75,10 +75,12 @@ class _Engine:
 
 
 def _engine(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path,
-            log_suffix: str = "") -> _Engine:
+            log_suffix: str = "", seed_offset: int = 0) -> _Engine:
     p = plan.for_set(profile, fs)
     cfg = engine_args.from_profile(p, platform=platform)
     server_args = cfg.server_args
+    if seed_offset:  # from the profile's seed, or vLLM's default 0
+        server_args = [*server_args, "--seed", str((_seed_of(server_args) or 0) + seed_offset)]
     if opts.acceptance:
         server_args = rounds.with_synthetic_acceptance(server_args, opts.acceptance[0])
         if len(opts.acceptance) > 1:
@@ -112,9 +114,15 @@ def _stop(proc: subprocess.Popen) -> None:
     LocalEngine().stop(EngineHandle(runtime="local", ident=str(proc.pid), spec=None), timeout=20.0)
 
 
+def _seed_of(server_args: list[str]) -> int | None:
+    seeds = [server_args[i + 1] for i, a in enumerate(server_args[:-1]) if a == "--seed"]
+    return int(seeds[-1]) if seeds else None
+
+
 def _annotate(result: dict, e: _Engine) -> dict:
     fs = e.fs
     result.update(features=list(fs.features), plugin=fs.plugin, runner=fs.runner, depth=e.depth,
+                  seed=_seed_of(e.job["server_args"]),
                   depth_override=fs.depth is not None, log=str(e.log_path),
                   knobs={k: v for k, v in sorted(e.env.items())
                          if k.startswith("RADIANCE_") or k == "VLLM_USE_V2_MODEL_RUNNER"})
@@ -125,8 +133,8 @@ def _annotate(result: dict, e: _Engine) -> dict:
 
 
 def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path,
-            log_suffix: str = "") -> dict:
-    e = _engine(fs, profile, platform, opts, log_dir, log_suffix)
+            log_suffix: str = "", seed_offset: int = 0) -> dict:
+    e = _engine(fs, profile, platform, opts, log_dir, log_suffix, seed_offset)
     with tempfile.TemporaryDirectory(prefix="radiance-bench-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         t0 = time.monotonic()
@@ -280,7 +288,11 @@ def bench_fresh(profile: Profile, profile_path: str, platform: str, sets: list[p
             console.info(f"radiance bench: round {n}/{opts.rounds}, set {fs.name} ({i}/{len(sets)}): features "
                          f"{'+'.join(fs.features) or 'none'}, runner {fs.runner}; engine log {log_dir}")
             t = time.monotonic()
-            r = run_set(fs, profile, platform, round_opts, log_dir, f"-r{n}" if opts.rounds > 1 else "")
+            # vLLM's synthetic sampler draws from the global generator, seeded at start (default 0): a fresh
+            # engine would repeat the previous round's draws, and the rounds would sample none of their luck
+            # (H100, 2026-12-06: stock@v2's B = 1 acceptance length was 4.333 in all three rounds)
+            r = run_set(fs, profile, platform, round_opts, log_dir, f"-r{n}" if opts.rounds > 1 else "",
+                        seed_offset=n - 1 if opts.acceptance else 0)
             results.append(r)
             if "error" in r:
                 console.warn(f"set {fs.name}: {r['error']} (log: {r['log']})")

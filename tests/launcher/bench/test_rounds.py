@@ -6,9 +6,10 @@ import pytest
 from click.testing import CliRunner
 
 from launcher import engine_args
-from launcher.bench import synthetic_rates, rounds, run
+from launcher.bench import plan, synthetic_rates, rounds, run
 from launcher.cli import cli
 from launcher.commands._common import load
+from launcher.profile import Profile
 
 PROFILE = "profiles/qwen3.5-27b-dummy-tp1.yaml"
 # the per-position rates issue 37 quotes for a published Qwen 27B MTP measurement (mean acceptance length 3.2)
@@ -170,3 +171,17 @@ def test_expected_length_follows_the_depths_dynamic_draft_chose():
     counters = {"radiance:draft_depth_steps_total{depth=4}": 3.0, "radiance:draft_depth_steps_total{depth=1}": 1.0,
                 "radiance:draft_steps_total": 4.0}
     assert rounds.expected_length(rates, 4, counters) == (3 * 1.9375 + 1.5) / 4
+
+
+def test_each_round_after_the_first_starts_its_engines_with_another_seed(tmp_path):
+    # vLLM's synthetic sampler draws from the global generator seeded at start: the same seed in every
+    # round repeats each engine's draws (H100, 2026-12-06: stock@v2's B = 1 acceptance length 4.333 three times)
+    profile = load(PROFILE)
+    fs = next(iter(plan.parse("stock@v2", profile, "cuda")))
+    opts = run.Options(batches=[1], max_tokens=8, acceptance=[HIGH])
+    first = run._engine(fs, profile, "cuda", opts, tmp_path)
+    third = run._engine(fs, profile, "cuda", opts, tmp_path, seed_offset=2)
+    assert "--seed" not in first.job["server_args"] and third.job["server_args"][-2:] == ["--seed", "2"]
+    seeded = Profile.model_validate({**profile.model_dump(), "vllm_args": {**profile.vllm_args, "seed": 40}})
+    assert run._engine(fs, seeded, "cuda", opts, tmp_path, seed_offset=2).job["server_args"][-2:] == ["--seed", "42"]
+    assert run._annotate({"set": fs.name, "results": []}, third)["seed"] == 2
