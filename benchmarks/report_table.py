@@ -25,14 +25,11 @@ def rederive(report: dict) -> list[dict]:
     """The report's sets merged again from their rounds, with the expected-acceptance figures."""
     sets = report["sets"]
     n = min(len(s.get("rounds") or [s]) for s in sets)
-    done = []
-    for i in range(n):
-        one = [copy.deepcopy((s.get("rounds") or [s])[i]) for s in sets]
+    done = [[copy.deepcopy((s.get("rounds") or [s])[i]) for s in sets] for i in range(n)]
+    for one in done:
         for s in one:
             rounds.add_expected(s)
-        run.compare(one)
-        done.append(one)
-    return rounds.merge_rounds(done) if n > 1 else done[0]
+    return run.merge_done(done)[0]
 
 
 def _ratio(r: dict, key: str) -> str:

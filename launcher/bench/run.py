@@ -167,37 +167,35 @@ class Resident:
         self.n = 0
         self.error: str | None = None
 
+    def _await(self, path: Path, what: str) -> bool:
+        """Blocks until the worker writes ``path``; False (and ``error`` set) when it died or timed out."""
+        t0 = time.monotonic()
+        while not path.exists():
+            if self.proc.poll() is not None or time.monotonic() - t0 > self.opts.timeout_s:
+                # a worker that failed to start says why in RESULT
+                self.error = (json.loads(self.out.read_text())["error"] if self.out.exists() else
+                              f"engine gone or no {what} after {time.monotonic() - t0:.0f} s")
+                return False
+            time.sleep(0.2)
+        return True
+
     def wait_ready(self) -> bool:
         """Blocks until the engine is up; False (and ``error`` set) when it failed or timed out."""
-        t0 = time.monotonic()
-        ready = self.out.parent / "ready"
-        while not ready.exists():
-            if self.proc.poll() is not None or time.monotonic() - t0 > self.opts.timeout_s:
-                self.error = (json.loads(self.out.read_text())["error"] if self.out.exists() else
-                              f"engine gone or not up after {time.monotonic() - t0:.0f} s")
-                return False
-            time.sleep(0.5)
-        return True
+        return self.error is None and self._await(self.out.parent / "ready", "start")
 
     def measure(self, lossless: bool) -> dict:
         """One measurement (every acceptance profile, every batch), its result annotated like run_set's."""
-        if self.error is None:
-            self.wait_ready()
-        if self.error is not None:
+        if not self.wait_ready():
             return _annotate({"set": self.e.fs.name, "error": self.error}, self.e)
         self.n += 1
         path = self.out.parent / f"{self.out.name}.{self.n}"
-        t0 = time.monotonic()
         try:
             self.proc.stdin.write((json.dumps({"n": self.n, "lossless": lossless}) + "\n").encode())
             self.proc.stdin.flush()
         except OSError:
-            pass
-        while not path.exists():
-            if self.proc.poll() is not None or time.monotonic() - t0 > self.opts.timeout_s:
-                self.error = f"engine gone or no result after {time.monotonic() - t0:.0f} s (measurement {self.n})"
-                return _annotate({"set": self.e.fs.name, "error": self.error}, self.e)
-            time.sleep(0.2)
+            pass  # a worker gone: _await says so
+        if not self._await(path, f"result (measurement {self.n})"):
+            return _annotate({"set": self.e.fs.name, "error": self.error}, self.e)
         return _annotate(json.loads(path.read_text()), self.e)
 
     def close(self) -> None:
@@ -303,15 +301,22 @@ def bench_fresh(profile: Profile, profile_path: str, platform: str, sets: list[p
     return _report(profile, profile_path, platform, opts, commit, started, done)
 
 
-def _report(profile: Profile, profile_path: str, platform: str, opts: Options, commit: str, started,
-            done: list[list[dict]]) -> dict:
+def merge_done(done: list[list[dict]]) -> tuple[list[dict], str | None, int]:
+    """Rounds of set results (each in the sets' order) -> (one entry per set, the reference's name, rounds
+    merged): ratios taken within each round, then the median and spread of the complete rounds."""
     refs = [compare(results) for results in done]
     # a round still running is left out of the merge until it is complete
     complete = [r for r in done if len(r) == len(done[0])]
     results = done[0] if len(done) == 1 else rounds.merge_rounds(complete)
-    report = _header(profile, profile_path, platform, opts, commit, started, results, len(complete))
+    return results, next((r for r in refs if r), None), len(complete)
+
+
+def _report(profile: Profile, profile_path: str, platform: str, opts: Options, commit: str, started,
+            done: list[list[dict]]) -> dict:
+    results, reference, complete = merge_done(done)
+    report = _header(profile, profile_path, platform, opts, commit, started, results, complete)
     # the set each vs_stock is a ratio to (rounds.reference)
-    report["reference"] = next((r for r in refs if r), None)
+    report["reference"] = reference
     report["sets"] = list(results)
     return report
 

@@ -84,6 +84,14 @@ def _inconclusive(report: dict) -> list[str]:
     return out
 
 
+def _ratio_cell(row: dict, key: str) -> str:
+    """``1.05x``, with the rounds' ``[min-max]`` where the row has them; empty without the ratio."""
+    if key not in row:
+        return ""
+    sp = row.get(f"{key}_spread")
+    return f"{row[key]:.2f}x" + (f" [{sp['min']:.2f}-{sp['max']:.2f}]" if sp else "")
+
+
 def _table(report: dict) -> None:
     rows = []
     acc = report.get("acceptance") or {}
@@ -97,17 +105,10 @@ def _table(report: dict) -> None:
         for r in s["results"]:
             ll = r.get("lossless")
             verdict = "" if ll is None else _verdict(ll)
-            tok, ratio = f"{r['decode_tok_s']:.0f}", f"{r['vs_stock']:.2f}x" if "vs_stock" in r else ""
+            tok, ratio, exp = f"{r['decode_tok_s']:.0f}", _ratio_cell(r, "vs_stock"), _ratio_cell(r, "vs_stock_expected")
             if "decode_tok_s_spread" in r:  # median of the rounds [min-max]
                 sp = r["decode_tok_s_spread"]
                 tok += f" [{sp['min']:.0f}-{sp['max']:.0f}]"
-            if "vs_stock_spread" in r:
-                sp = r["vs_stock_spread"]
-                ratio += f" [{sp['min']:.2f}-{sp['max']:.2f}]"
-            exp = f"{r['vs_stock_expected']:.2f}x" if "vs_stock_expected" in r else ""
-            if "vs_stock_expected_spread" in r:
-                sp = r["vs_stock_expected_spread"]
-                exp += f" [{sp['min']:.2f}-{sp['max']:.2f}]"
             rows.append([s["set"], s["runner"], *([r.get("acceptance", "")] if many else []), str(r["batch"]), tok, ratio,
                          *([exp] if synthetic else []), f"{r['ms_per_step']:.2f}",
                          f"{r['mean_acceptance_length']:.2f}" if r.get("mean_acceptance_length") else "",

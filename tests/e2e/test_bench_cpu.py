@@ -57,7 +57,7 @@ def test_bench_stock_and_all_features_on_the_embedded_profile(tmp_path):
     assert report["options"]["rounds_done"] == 2 and len(full["rounds"]) == 2 and len(stock["rounds"]) == 2
     assert all(r["decode_tok_s_spread"]["n"] == 2 and r["vs_stock_spread"]["n"] == 2 for r in full["results"])
     assert sorted(p.name for p in (tmp_path / "bench-logs").iterdir()) == ["all.log", "stock.log"]
-    assert [a["load_s"] for a in full["rounds"]][0] == full["rounds"][1]["load_s"]   # one start, not two
+    assert full["rounds"][0]["load_s"] == full["rounds"][1]["load_s"]   # one start, not two
 
 
 def test_bench_fails_a_decoder_that_accepts_wrong_drafts(tmp_path):
