@@ -24,8 +24,10 @@ from launcher.bench import rounds, run  # noqa: E402
 def rederive(report: dict) -> list[dict]:
     """The report's sets merged again from their rounds, with the expected-acceptance figures."""
     sets = report["sets"]
-    n = min(len(s.get("rounds") or [s]) for s in sets)
-    done = [[copy.deepcopy((s.get("rounds") or [s])[i]) for s in sets] for i in range(n)]
+    n = max(len(s.get("rounds") or [s]) for s in sets)
+    # a round cut short holds the sets it reached, in order (run.merge_done)
+    done = [[copy.deepcopy((s.get("rounds") or [s])[i]) for s in sets if i < len(s.get("rounds") or [s])]
+            for i in range(n)]
     for one in done:
         for s in one:
             rounds.add_expected(s)
@@ -43,16 +45,20 @@ def markdown(report: dict) -> str:
     ref = report.get("reference") or "stock"
     lines = [f"| set | acceptance | B | decode tok/s [min-max] | vs {ref} | vs {ref} at expected acceptance | "
              "ms/step | accept len (expected) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for s in rederive(report):
+    merged = rederive(report)
+    n = max(len(s.get("rounds") or [s]) for s in merged)
+    for s in merged:
+        ran = len(s.get("rounds") or [s])
+        name = s["set"] + (f" ({ran} of {n} rounds)" if ran < n else "")  # a run cut short mid-round
         if "error" in s:
-            lines.append(f"| {s['set']} | error: {s['error'][:60]} | | | | | | |")
+            lines.append(f"| {name} | error: {s['error'][:60]} | | | | | | |")
             continue
         for r in s["results"]:
             sp = r.get("decode_tok_s_spread")
             tok = f"{r['decode_tok_s']:.0f}" + (f" [{sp['min']:.0f}-{sp['max']:.0f}]" if sp else "")
             acc = r.get("mean_acceptance_length")
             exp = r.get("expected_acceptance_length")
-            lines.append(f"| {s['set']} | {r.get('acceptance', '')} | {r['batch']} | {tok} | {_ratio(r, 'vs_stock')} | "
+            lines.append(f"| {name} | {r.get('acceptance', '')} | {r['batch']} | {tok} | {_ratio(r, 'vs_stock')} | "
                          f"{_ratio(r, 'vs_stock_expected')} | {r['ms_per_step']:.2f} | "
                          f"{acc if acc is not None else ''}{f' ({exp})' if exp is not None else ''} |")
     return "\n".join(lines)

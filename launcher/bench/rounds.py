@@ -115,12 +115,13 @@ def reference(results: list[dict]) -> dict | None:
 
 
 def merge_rounds(rounds: list[list[dict]]) -> list[dict]:
-    """One entry per set from ``rounds`` (each a list of set results in the same order): the rows at the
-    median of the rounds' decode tok/s, the spread of tok/s and of the within-round ratio to stock beside
-    them, and every round's own result kept under ``rounds``."""
+    """One entry per set from ``rounds`` (each a list of set results in the same order; a round cut short
+    holds the first sets only): the rows at the median of the rounds' decode tok/s, the spread of tok/s and
+    of the within-round ratio to stock beside them (its ``n``: the rounds that set ran in), and every round's
+    own result kept under ``rounds``."""
     merged: list[dict] = []
     for i, first in enumerate(rounds[0]):
-        per_round = [r[i] for r in rounds]
+        per_round = [r[i] for r in rounds if i < len(r)]
         ok = [s for s in per_round if "error" not in s]
         if not ok:
             merged.append({**per_round[-1], "rounds": per_round})

@@ -302,13 +302,14 @@ def bench_fresh(profile: Profile, profile_path: str, platform: str, sets: list[p
 
 
 def merge_done(done: list[list[dict]]) -> tuple[list[dict], str | None, int]:
-    """Rounds of set results (each in the sets' order) -> (one entry per set, the reference's name, rounds
-    merged): ratios taken within each round, then the median and spread of the complete rounds."""
+    """Rounds of set results (each in the sets' order) -> (one entry per set, the reference's name, complete
+    rounds): ratios taken within each round, then each set's median and spread over the rounds it ran in.
+    A round cut short (the device's time spent mid-round) still counts for the sets it reached: each of
+    their ratios is to the reference of that same round, which runs first."""
     refs = [compare(results) for results in done]
-    # a round still running is left out of the merge until it is complete
-    complete = [r for r in done if len(r) == len(done[0])]
-    results = done[0] if len(done) == 1 else rounds.merge_rounds(complete)
-    return results, next((r for r in refs if r), None), len(complete)
+    complete = sum(len(r) == len(done[0]) for r in done)
+    results = done[0] if len(done) == 1 else rounds.merge_rounds(done)
+    return results, next((r for r in refs if r), None), complete
 
 
 def _report(profile: Profile, profile_path: str, platform: str, opts: Options, commit: str, started,

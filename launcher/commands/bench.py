@@ -97,9 +97,12 @@ def _table(report: dict) -> None:
     acc = report.get("acceptance") or {}
     many = len(acc.get("profiles") or []) > 1
     synthetic = acc.get("kind") == "synthetic"
+    n = report["options"].get("rounds", 1)
     for s in report["sets"]:
+        ran = len(s.get("rounds") or [s])
+        name = s["set"] + (f" ({ran} of {n} rounds)" if n > 1 and ran < n else "")  # a run cut short
         if "error" in s:
-            rows.append([s["set"], s.get("runner", ""), *(["-"] if many else []), "-", "-", "-",
+            rows.append([name, s.get("runner", ""), *(["-"] if many else []), "-", "-", "-",
                          *(["-"] if synthetic else []), "-", "-", "[red]error[/red]: " + s["error"][:80]])
             continue
         for r in s["results"]:
@@ -109,14 +112,13 @@ def _table(report: dict) -> None:
             if "decode_tok_s_spread" in r:  # median of the rounds [min-max]
                 sp = r["decode_tok_s_spread"]
                 tok += f" [{sp['min']:.0f}-{sp['max']:.0f}]"
-            rows.append([s["set"], s["runner"], *([r.get("acceptance", "")] if many else []), str(r["batch"]), tok, ratio,
+            rows.append([name, s["runner"], *([r.get("acceptance", "")] if many else []), str(r["batch"]), tok, ratio,
                          *([exp] if synthetic else []), f"{r['ms_per_step']:.2f}",
                          f"{r['mean_acceptance_length']:.2f}" if r.get("mean_acceptance_length") else "",
                          verdict])
     how = ("synthetic acceptance per row" if many else
            f"synthetic acceptance {'/'.join(str(x) for x in acc['rates'])}" if acc.get("kind") == "synthetic"
            else "the model's own acceptance")
-    n = report["options"].get("rounds", 1)
     console.out.print(console.table(
         f"radiance bench {report['profile_name']} on {report['device']} (commit {report['commit']}; "
         f"{report['options']['max_tokens']} tokens per request, greedy; {how}"

@@ -185,3 +185,18 @@ def test_each_round_after_the_first_starts_its_engines_with_another_seed(tmp_pat
     seeded = Profile.model_validate({**profile.model_dump(), "vllm_args": {**profile.vllm_args, "seed": 40}})
     assert run._engine(fs, seeded, "cuda", opts, tmp_path, seed_offset=2).job["server_args"][-2:] == ["--seed", "42"]
     assert run._annotate({"set": fs.name, "results": []}, third)["seed"] == 2
+
+
+def test_a_round_cut_short_counts_for_the_sets_it_reached_each_against_its_own_rounds_stock():
+    # the device's time ran out in round 3 after stock and "dd": round 3 still holds a within-round ratio
+    # for dd (to round 3's stock), none for "w4", which ran in two rounds
+    def rnd(stock, dd, w4=None):
+        r = [_set("stock", False, {8: stock}), _set("dd", True, {8: dd})]
+        return r + ([_set("w4", True, {8: w4})] if w4 is not None else [])
+    done = [rnd(100.0, 110.0, 101.0), rnd(100.0, 112.0, 99.0), rnd(80.0, 96.0)]
+    merged, ref, complete = run.merge_done(done)
+    assert ref == "stock" and complete == 2
+    dd, w4 = merged[1]["results"][0], merged[2]["results"][0]
+    assert dd["vs_stock_spread"] == {"median": 1.12, "min": 1.1, "max": 1.2, "n": 3}
+    assert w4["vs_stock_spread"]["n"] == 2 and len(merged[2]["rounds"]) == 2
+    assert merged[0]["results"][0]["decode_tok_s_spread"]["n"] == 3
