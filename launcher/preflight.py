@@ -293,12 +293,16 @@ def runner_finding(profile: Profile) -> tuple[str, str]:
         return "ok", "vLLM's default (Model Runner V2 on GPUs)" if own is None else \
             f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env)"
     if own not in (None, "0"):
-        return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): V2 loads the drafter outside the bracket "
-                        "w4-drafter and int4-head rely on, and dynamic-draft declines on V2: they run stock — "
-                        "fix: remove it from env")
-    return "ok", ("Model Runner V1: a drafter with dynamic-draft, w4-drafter or int4-head (V2 loads drafters "
-                  "itself and runs its k draft forwards as one captured graph, which dynamic-draft cannot "
-                  "shorten; at Qwen3.5-27B's shapes the two runners step within 1-3%)")
+        if profile.features.dynamic_draft.enabled:
+            return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): dynamic-draft declines on V2 (its "
+                            "k draft forwards are one captured graph) and runs stock — fix: remove it from env")
+        return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): w4-drafter and int4-head bracket V2's "
+                        "drafter load too, but were measured on V1 only — fix: remove it from env for the "
+                        "runner they were measured on, or measure V2 first (radiance bench --sets "
+                        "stock@v2,only-int4_head@v2)")
+    return "ok", ("Model Runner V1: a drafter with dynamic-draft, w4-drafter or int4-head (V2 runs its k draft "
+                  "forwards as one captured graph, which dynamic-draft cannot shorten; w4-drafter and int4-head "
+                  "were measured on V1 only; at Qwen3.5-27B's shapes the two runners step within 1-3%)")
 
 
 def arch_findings(rep: PreflightReport, profile: Profile, hw: "hardware.HardwareReport", platform: str,

@@ -191,9 +191,8 @@ class W4DrafterPatch(Patch):
             return "no drafter: nothing to convert"
         method = getattr(spec, "method", "?")
         if method != "ngram" and DRAFT_SCOPE.loads == 0:
-            return (f"vLLM loaded the {method} drafter outside the proposer's _get_model, where this patch "
-                    "converts (Model Runner V2 loads it itself): the drafter runs as loaded; "
-                    "fix: VLLM_USE_V2_MODEL_RUNNER=0")
+            return (f"vLLM loaded the {method} drafter outside both loads this patch brackets (V1's "
+                    "proposer _get_model, V2's DraftModelSpeculator.load_model): the drafter runs as loaded")
         return f"the {method} drafter loaded no linears this patch converts"
 
     # -- conversion -------------------------------------------------------------------

@@ -17,9 +17,13 @@ projection stays a dense GEMM and never runs through the 4-bit kernel. For a blo
 drafter vLLM builds no fused weight and runs ``qkv_proj`` itself over the context tokens, so
 the w4-drafter declines that layer there (the bracket records the proposer's method for it).
 
-Model Runner V2 loads its drafters itself (``load_eagle_model``, ``load_dflash_model`` call ``get_model``),
-never through ``_get_model``: nothing is bracketed there, so w4-drafter converts nothing and says so after
-the load (``loads`` stays 0), and the launcher selects V1 wherever a drafter meets either feature.
+Model Runner V2 (GPU only) loads its drafters itself, never through ``_get_model``: its speculator's
+``DraftModelSpeculator.load_model`` calls the subclass's ``load_draft_model`` (``load_eagle_model`` for MTP
+and EAGLE, ``load_dflash_model``), which calls ``get_model`` and then aliases the target's embedding and head
+into the drafter. That method is bracketed too (every V2 speculator that loads a drafter reaches it through
+``super().load_model``): the aliasing is an attribute assignment, so nothing of the target is processed
+inside it either. Measured on V1 only: the launcher still selects V1 wherever a drafter meets either
+feature (launcher.engine_args.needs_runner_v1), and ``radiance bench --sets only-int4_head@v2`` measures V2.
 
 One instance (``DRAFT_SCOPE``) is listed in the ``PATCHES`` of both features; the registry
 installs it once ("already applied" the second time).
@@ -38,6 +42,7 @@ logger = logging.getLogger("radiance")
 _BASE = "vllm.v1.spec_decode.llm_base_proposer.SpecDecodeBaseProposer._get_model"
 # DraftModelProposer (a separate draft model) overrides _get_model without calling the base.
 _OPTIONAL = ("vllm.v1.spec_decode.draft_model.DraftModelProposer._get_model",)
+_V2 = "vllm.v1.worker.gpu.spec_decode.speculator.DraftModelSpeculator.load_model"
 
 
 class ProposerHooks(Hooks):
@@ -53,16 +58,29 @@ class ProposerHooks(Hooks):
             return self._orig__get_model(*args, **kwargs)
 
 
+class SpeculatorHooks(Hooks):
+    """Model Runner V2's ``DraftModelSpeculator``: its drafter load."""
+
+    target = _V2.rsplit(".", 1)[0]
+    via = "_radiance_draft_scope"
+
+    def load_model(self, *args, **kwargs):
+        # not fail_closed, for the reason ProposerHooks gives
+        with self._radiance_draft_scope.entered(getattr(self, "method", None)):
+            return self._orig_load_model(*args, **kwargs)
+
+
 class DraftLoadScope(Patch):
     name = "w4.draft_scope"
     feature = ""
     hook_points = (_BASE,)
+    optional_hook = _V2  # V2's drafter load, bracketed where this vLLM has it
 
     def __init__(self) -> None:
         super().__init__()
         self._local = threading.local()
         self._exit_hooks: list[Callable[[], None]] = []
-        self.loads = 0  # drafter loads bracketed in this process (0 with a drafter: loaded elsewhere, e.g. V2)
+        self.loads = 0  # drafter loads bracketed in this process (0 with a drafter: loaded where none is hooked)
 
     # -- state ------------------------------------------------------------------------
     def active(self) -> bool:
@@ -113,6 +131,11 @@ class DraftLoadScope(Patch):
             # A subclass's own _get_model must not call the base's (DraftModelProposer's does not): the
             # base's hook would read the subclass's original through the instance and call it again.
             self.hook(ProposerHooks, owner)
+        try:
+            resolve(_V2)
+        except LookupError:
+            return  # a vLLM without Model Runner V2's speculators: V1's bracket is all there is
+        self.hook(SpeculatorHooks)
 
 
 DRAFT_SCOPE = DraftLoadScope()

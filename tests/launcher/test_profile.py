@@ -173,8 +173,8 @@ def test_gpu_engines_share_one_triton_cache_across_feature_sets():
 
 
 def test_gpu_engines_with_a_loaded_drafter_and_a_draft_or_head_feature_get_runner_v1():
-    """V2 loads drafters outside the bracket w4-drafter and int4-head rely on, and dynamic-draft declines on V2:
-    any of the three with an MTP or DFlash drafter gets V1 on a GPU; anything else keeps vLLM's default."""
+    """dynamic-draft declines on V2, and w4-drafter and int4-head were measured on V1 only: any of the three
+    with an MTP or DFlash drafter gets V1 on a GPU; anything else keeps vLLM's default."""
     from launcher import engine_args
 
     def runner(text, platform="cuda"):
@@ -201,7 +201,11 @@ def test_check_states_the_runner_and_warns_when_a_profile_forces_v2_on_the_featu
     assert status == "ok" and detail.startswith("Model Runner V1")
     forced = parse_profile(GOOD + "env:\n  VLLM_USE_V2_MODEL_RUNNER: '1'\n", "x.yaml")
     status, detail = runner_finding(forced)
-    assert status == "warn" and "fix:" in detail
+    assert status == "warn" and "dynamic-draft declines" in detail and "fix:" in detail
+    no_dd = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: true\n  int4_head: true")
+    status, detail = runner_finding(parse_profile(no_dd + CHECKED + "env:\n  VLLM_USE_V2_MODEL_RUNNER: '1'\n",
+                                                  "x.yaml"))
+    assert status == "warn" and "measured on V1 only" in detail and "only-int4_head@v2" in detail
     plain = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: false")
     assert runner_finding(parse_profile(plain, "x.yaml")) == ("ok", "vLLM's default (Model Runner V2 on GPUs)")
 

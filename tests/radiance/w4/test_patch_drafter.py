@@ -266,3 +266,40 @@ def test_mtp_drafter_under_radiance_fp8_gets_4bit_weights(w4):
     # the target's linear, loaded outside the bracket, keeps the W8A8 method
     target_o.quant_method.process_weights_after_loading(target_o)
     assert isinstance(target_o.quant_method, Fp8StreamLinearMethod) and target_o.weight.dtype != bf
+
+
+def test_v2_speculators_drafter_load_is_bracketed_faked_load_as_v2_runs_on_gpus_only(vllm_cpu, monkeypatch):
+    """Model Runner V2 loads its drafter in ``DraftModelSpeculator.load_model`` (MTP through
+    TargetDependentARSpeculator's ``super().load_model``). V2 needs a GPU, so the load itself is faked here
+    (each layer processed as vLLM's loader does); the class chain and the bracket are vLLM's and radiance's."""
+    from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator
+    from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+    seen = []
+
+    def fake_load_model(spec, target_model):
+        seen.append((DRAFT_SCOPE.active(), DRAFT_SCOPE.method()))
+        for layer in spec.layers:
+            layer.quant_method.process_weights_after_loading(layer)
+        spec.supports_mm_inputs = False
+
+    monkeypatch.setattr(DraftModelSpeculator, "load_model", fake_load_model)
+    monkeypatch.setenv("RADIANCE_W4_DRAFTER", "1")
+    monkeypatch.delenv("RADIANCE_W4_GROUP_SIZE", raising=False)
+    version = vllm_cpu.__version__
+    loads = DRAFT_SCOPE.loads
+    assert DRAFT_SCOPE.install(version).status == "applied"
+    patch = W4DrafterPatch()
+    try:
+        assert patch.install(version).status == "applied"
+        layers = _linears()
+        spec = MTPSpeculator.__new__(MTPSpeculator)   # vLLM's class, without its engine
+        spec.method, spec.layers = "mtp", list(layers.values())
+        spec.load_model(target_model=None)
+        assert seen == [(True, "mtp")] and not DRAFT_SCOPE.active() and DRAFT_SCOPE.loads == loads + 1
+        assert isinstance(layers["qkv"].quant_method, convert.W4Method)
+        assert patch.converted_total > 0
+    finally:
+        patch.revert()
+        DRAFT_SCOPE.revert()
+    assert DraftModelSpeculator.load_model is fake_load_model   # reverted: vLLM's own method back
