@@ -11,10 +11,12 @@
 # carries the tracked tree, ~34 MiB): `git rm -r -q --cached . && echo '*' >> .git/info/exclude`, then
 # `python3 ../shared/gpu/stage.py --out .gpu/s` (61 MiB pieces: 21 instead of 48, ~4.5 s a call), and
 # `git reset -q` + the old exclude file before the run calls. The files stay on disk throughout.
-# Issue 37's table on an H200 (two 27B bf16 engines fit, not on an H100 80GB): table-start with
-# "stock@v2,dynamic_draft+w4_drafter+int4_head,only-int4_head,only-dynamic_draft,only-w4_drafter" --keep-reference
-# --rounds 3 --repeat 1 --vllm-arg gpu-memory-utilization=0.47 and the three --acceptance profiles: 6 engine
-# starts instead of 15 (~1250 s estimated; docs/benchmarks.md, eleventh session).
+# Issue 37's next table (docs/benchmarks.md, twelfth session): the features on the runner vLLM picks, now
+# that V2's drafter load is bracketed: table-start with "stock@v2,only-int4_head@v2,only-w4_drafter@v2"
+# --rounds 3 --repeat 3 and the three --acceptance profiles (fresh rounds on an H100: ~1450 s; a set x round
+# took 108-165 s at --repeat 1, a cold stock@v2 323 s; --repeat 3 takes the median of three timed runs, so a
+# one-off stall in a V1 or V2 engine no longer decides a cell). On an H200, --keep-reference with
+# --vllm-arg gpu-memory-utilization=0.47 starts each engine once (two 27B bf16 engines do not fit an H100 80GB).
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"

@@ -55,14 +55,15 @@ def test_w4_drafter_with_no_drafter_declines(monkeypatch):
     assert p.after_load(_runner(_spec("mtp"))) is None
 
 
-def test_w4_drafter_says_when_the_drafter_was_loaded_outside_its_bracket_as_model_runner_v2_does(monkeypatch):
-    """Fakes V2's load (no CPU build of V2 here): a drafter in the config, no bracketed load."""
+def test_w4_drafter_says_when_the_drafter_was_loaded_outside_both_brackets(monkeypatch):
+    """Fakes a load that neither V1's proposer nor V2's speculator bracketed: a drafter in the config, no
+    bracketed load (a vLLM that moved its drafter load elsewhere)."""
     from radiance.w4.patch_drafter import W4DrafterPatch
     from radiance.w4.scope import DRAFT_SCOPE
 
     monkeypatch.setattr(DRAFT_SCOPE, "loads", 0)
     why = W4DrafterPatch().after_load(_runner(_spec("dflash")))
-    assert "outside" in why and "VLLM_USE_V2_MODEL_RUNNER=0" in why, why
+    assert "outside both loads" in why and "DraftModelSpeculator.load_model" in why, why
     with DRAFT_SCOPE.entered("mtp"):
         with DRAFT_SCOPE.entered():
             pass
