@@ -200,3 +200,36 @@ def test_a_round_cut_short_counts_for_the_sets_it_reached_each_against_its_own_r
     assert dd["vs_stock_spread"] == {"median": 1.12, "min": 1.1, "max": 1.2, "n": 3}
     assert w4["vs_stock_spread"]["n"] == 2 and len(merged[2]["rounds"]) == 2
     assert merged[0]["results"][0]["decode_tok_s_spread"]["n"] == 3
+
+
+def test_both_tables_name_a_set_that_ran_in_fewer_rounds(monkeypatch, tmp_path):
+    import io
+    import subprocess
+    import sys
+
+    from rich.console import Console
+
+    from launcher import console
+    from launcher.commands import bench as bench_cmd
+
+    done = [[_set("stock", False, {8: 100.0}), _set("dd", True, {8: 110.0})],
+            [_set("stock", False, {8: 100.0}), _set("dd", True, {8: 112.0})],
+            [_set("stock", False, {8: 90.0})]]
+    for rnd in done:
+        for s in rnd:
+            for r in s["results"]:
+                r.update(ms_per_step=10.0, mean_acceptance_length=2.0)
+    merged, ref, complete = run.merge_done(done)
+    report = {"profile_name": "p", "device": "d", "commit": "c", "reference": ref,
+              "options": {"max_tokens": 8, "rounds": 3, "rounds_done": complete}, "acceptance": {"kind": "model"},
+              "sets": merged}
+    buf = io.StringIO()
+    monkeypatch.setattr(console, "out", Console(file=buf, width=250, color_system=None))
+    bench_cmd._table(report)
+    lines = buf.getvalue().splitlines()
+    assert any("dd (2 of 3 rounds)" in x for x in lines) and not any("stock (" in x for x in lines)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    md = subprocess.run([sys.executable, "benchmarks/report_table.py", str(path)], capture_output=True, text=True,
+                        check=True).stdout
+    assert "| dd (2 of 3 rounds) |" in md and "| stock |" in md
