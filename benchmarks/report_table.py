@@ -24,21 +24,13 @@ from launcher.bench import rounds, run  # noqa: E402
 def rederive(report: dict) -> list[dict]:
     """The report's sets merged again from their rounds, with the expected-acceptance figures."""
     sets = report["sets"]
-    n = max(len(s.get("rounds") or [s]) for s in sets)
     # a round cut short holds the sets it reached, in order (run.merge_done)
-    done = [[copy.deepcopy((s.get("rounds") or [s])[i]) for s in sets if i < len(s.get("rounds") or [s])]
-            for i in range(n)]
+    done = [[copy.deepcopy((s.get("rounds") or [s])[i]) for s in sets if i < rounds.rounds_ran(s)]
+            for i in range(max(map(rounds.rounds_ran, sets)))]
     for one in done:
         for s in one:
             rounds.add_expected(s)
     return run.merge_done(done)[0]
-
-
-def _ratio(r: dict, key: str) -> str:
-    if key not in r:
-        return ""
-    sp = r.get(f"{key}_spread")
-    return f"{r[key]:.2f}" + (f" [{sp['min']:.2f}-{sp['max']:.2f}]" if sp else "")
 
 
 def markdown(report: dict) -> str:
@@ -46,10 +38,9 @@ def markdown(report: dict) -> str:
     lines = [f"| set | acceptance | B | decode tok/s [min-max] | vs {ref} | vs {ref} at expected acceptance | "
              "ms/step | accept len (expected) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     merged = rederive(report)
-    n = max(len(s.get("rounds") or [s]) for s in merged)
+    n = max(map(rounds.rounds_ran, merged))
     for s in merged:
-        ran = len(s.get("rounds") or [s])
-        name = s["set"] + (f" ({ran} of {n} rounds)" if ran < n else "")  # a run cut short mid-round
+        name = rounds.set_label(s, n)
         if "error" in s:
             lines.append(f"| {name} | error: {s['error'][:60]} | | | | | | |")
             continue
@@ -58,8 +49,8 @@ def markdown(report: dict) -> str:
             tok = f"{r['decode_tok_s']:.0f}" + (f" [{sp['min']:.0f}-{sp['max']:.0f}]" if sp else "")
             acc = r.get("mean_acceptance_length")
             exp = r.get("expected_acceptance_length")
-            lines.append(f"| {name} | {r.get('acceptance', '')} | {r['batch']} | {tok} | {_ratio(r, 'vs_stock')} | "
-                         f"{_ratio(r, 'vs_stock_expected')} | {r['ms_per_step']:.2f} | "
+            lines.append(f"| {name} | {r.get('acceptance', '')} | {r['batch']} | {tok} | {rounds.ratio_cell(r, 'vs_stock', '')} | "
+                         f"{rounds.ratio_cell(r, 'vs_stock_expected', '')} | {r['ms_per_step']:.2f} | "
                          f"{acc if acc is not None else ''}{f' ({exp})' if exp is not None else ''} |")
     return "\n".join(lines)
 

@@ -75,11 +75,12 @@ def add_expected(set_result: dict) -> None:
     """Each synthetic-acceptance row at B = 1 of ``set_result`` gains ``expected_acceptance_length`` and
     ``decode_tok_s_expected``: its measured step time at the profile's expected acceptance, in place.
 
-    Why: vLLM's synthetic sampler draws from a seeded generator, so an engine repeats its own draws every
-    round, and a 64-token request at B = 1 is 15-40 steps: on the H100 (2026-12-06) stock@v2 drew a mean
-    acceptance length of 4.33 every round where the rates expect 4.16 and the V1 sets drew 3.88-3.94 (prose:
-    2.17 against 1.91 and 1.66-1.80). The tok/s ratio at B = 1 then measures that luck; the step time does
-    not depend on it (the verification is k + 1 wide whatever is accepted).
+    Why it was added: vLLM's synthetic sampler draws from a seeded generator, and a 64-token request at B = 1
+    is 15-40 steps: on the H100 (eleventh session) stock@v2 drew a mean acceptance length of 4.33 every round
+    where the rates expect 4.16 and the V1 sets drew 3.88-3.94 (prose: 2.17 against 1.91 and 1.66-1.80); the
+    step time does not depend on the draws (the verification is k + 1 wide whatever is accepted). With a seed
+    per round (twelfth session) the V1 sets still drew 3.67-3.94 with both seeds, so whether the gap is luck
+    is not settled: this figure is reported beside the measured ratio, which is the one that decides.
 
     B = 1 only: there a request's steps are the engine's. With more requests the step time is the decode
     time over the *mean* steps per request, while the batch runs until its longest request ends, so it
@@ -94,6 +95,25 @@ def add_expected(set_result: dict) -> None:
         e = expected_length(rates, int(set_result.get("depth") or len(rates)), row.get("counters"))
         row["expected_acceptance_length"] = round(e, 3)
         row["decode_tok_s_expected"] = round(row["batch"] * e * 1e3 / ms, 1)
+
+
+def ratio_cell(row: dict, key: str, unit: str = "x") -> str:
+    """``1.05x``, with the rounds' ``[min-max]`` where the merged row has them; empty without the ratio."""
+    if key not in row:
+        return ""
+    sp = row.get(f"{key}_spread")
+    return f"{row[key]:.2f}{unit}" + (f" [{sp['min']:.2f}-{sp['max']:.2f}]" if sp else "")
+
+
+def rounds_ran(set_result: dict) -> int:
+    """The rounds a merged set ran in (a set that ran once keeps no ``rounds``)."""
+    return len(set_result.get("rounds") or [set_result])
+
+
+def set_label(set_result: dict, rounds: int) -> str:
+    """The set's name, with how many of ``rounds`` it ran in where a run was cut short mid-round."""
+    ran = rounds_ran(set_result)
+    return set_result["set"] + (f" ({ran} of {rounds} rounds)" if ran < rounds else "")
 
 
 def _spread(values: list[float]) -> dict:

@@ -84,23 +84,16 @@ def _inconclusive(report: dict) -> list[str]:
     return out
 
 
-def _ratio_cell(row: dict, key: str) -> str:
-    """``1.05x``, with the rounds' ``[min-max]`` where the row has them; empty without the ratio."""
-    if key not in row:
-        return ""
-    sp = row.get(f"{key}_spread")
-    return f"{row[key]:.2f}x" + (f" [{sp['min']:.2f}-{sp['max']:.2f}]" if sp else "")
-
-
 def _table(report: dict) -> None:
+    from ..bench import rounds as bench_rounds
+
     rows = []
     acc = report.get("acceptance") or {}
     many = len(acc.get("profiles") or []) > 1
     synthetic = acc.get("kind") == "synthetic"
     n = report["options"].get("rounds", 1)
     for s in report["sets"]:
-        ran = len(s.get("rounds") or [s])
-        name = s["set"] + (f" ({ran} of {n} rounds)" if n > 1 and ran < n else "")  # a run cut short
+        name = bench_rounds.set_label(s, n)
         if "error" in s:
             rows.append([name, s.get("runner", ""), *(["-"] if many else []), "-", "-", "-",
                          *(["-"] if synthetic else []), "-", "-", "[red]error[/red]: " + s["error"][:80]])
@@ -108,7 +101,8 @@ def _table(report: dict) -> None:
         for r in s["results"]:
             ll = r.get("lossless")
             verdict = "" if ll is None else _verdict(ll)
-            tok, ratio, exp = f"{r['decode_tok_s']:.0f}", _ratio_cell(r, "vs_stock"), _ratio_cell(r, "vs_stock_expected")
+            tok = f"{r['decode_tok_s']:.0f}"
+            ratio, exp = bench_rounds.ratio_cell(r, "vs_stock"), bench_rounds.ratio_cell(r, "vs_stock_expected")
             if "decode_tok_s_spread" in r:  # median of the rounds [min-max]
                 sp = r["decode_tok_s_spread"]
                 tok += f" [{sp['min']:.0f}-{sp['max']:.0f}]"

@@ -132,10 +132,10 @@ class DraftLoadScope(Patch):
             # base's hook would read the subclass's original through the instance and call it again.
             self.hook(ProposerHooks, owner)
         try:
-            resolve(_V2)
+            speculator = resolve(_V2)[0]
         except LookupError:
             return  # a vLLM without Model Runner V2's speculators: V1's bracket is all there is
-        self.hook(SpeculatorHooks)
+        self.hook(SpeculatorHooks, speculator)
 
 
 DRAFT_SCOPE = DraftLoadScope()
