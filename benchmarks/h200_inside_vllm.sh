@@ -11,12 +11,13 @@
 # carries the tracked tree, ~34 MiB): `git rm -r -q --cached . && echo '*' >> .git/info/exclude`, then
 # `python3 ../shared/gpu/stage.py --out .gpu/s` (61 MiB pieces: 21 instead of 48, ~4.5 s a call), and
 # `git reset -q` + the old exclude file before the run calls. The files stay on disk throughout.
-# Issue 37's next table (docs/benchmarks.md, twelfth session): the features on the runner vLLM picks, now
-# that V2's drafter load is bracketed: table-start with "stock@v2,only-int4_head@v2,only-w4_drafter@v2"
-# --rounds 3 --repeat 3 and the three --acceptance profiles (fresh rounds on an H100: ~1450 s; a set x round
-# took 108-165 s at --repeat 1, a cold stock@v2 323 s; --repeat 3 takes the median of three timed runs, so a
-# one-off stall in a V1 or V2 engine no longer decides a cell). On an H200, --keep-reference with
-# --vllm-arg gpu-memory-utilization=0.47 starts each engine once (two 27B bf16 engines do not fit an H100 80GB).
+# Issue 37's next table (docs/benchmarks.md, thirteenth session): the same protocol on an H200, with every
+# set on the runner `radiance up` gives it (a set without @v1/@v2: dynamic-draft on V1, the rest on V2):
+# table-start with "stock,only-int4_head,only-w4_drafter,only-dynamic_draft" --rounds 3 --repeat 3 and the
+# three --acceptance profiles (on an H100 the thirteenth session's three sets took ~25 min: stock's cold
+# start 293 s, later engines 60-131 s; a fourth set adds ~8 min, more than one session's device time after
+# staging). On an H200, --keep-reference with --vllm-arg gpu-memory-utilization=0.47 starts each engine once
+# (two 27B bf16 engines do not fit an H100 80GB).
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"
@@ -50,9 +51,9 @@ case "$step" in
     fi
     mkdir -p /tmp/rh/reports; for d in "$OUT"/*-logs; do [ -d "$d" ] && mv "$d" /tmp/rh/reports/; done
     logs "tiny-${sets//[,@+\/]/_}"; logs planted ;;
-  big)  # Qwen3.5-27B shapes, random weights: per-step cost at fixed k (dynamic-draft off) and with all on, V2 stock.
+  big)  # Qwen3.5-27B shapes, random weights: per-step cost of stock and each single-GPU feature on its runner.
     # The report is rewritten after each set, straight into $OUT: a call that runs out keeps what it measured.
-    sets=${3:-stock,only-int4_head,no-dynamic_draft,all,stock@v2}
+    sets=${3:-stock,only-int4_head,only-w4_drafter}
     bench profiles/qwen3.5-27b-dummy-tp1.yaml --sets "$sets" --batch 1,8,32 --max-tokens 64 --repeat 3 \
       --lossless none "${@:4}" --out "$OUT/big-${sets//[,@+\/]/_}.json"
     mkdir -p /tmp/rh/reports; for d in "$OUT"/big-*-logs; do [ -d "$d" ] && mv "$d" /tmp/rh/reports/; done; logs big ;;

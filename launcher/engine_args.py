@@ -168,13 +168,12 @@ def radiance_env(profile: Profile) -> dict[str, str]:
 
 def needs_runner_v1(profile: Profile) -> bool:
     """vLLM 0.32 runs Model Runner V2 by default on GPUs, and V2 has its own speculators: dynamic-draft
-    declines there (V2's k draft forwards are one captured graph). w4-drafter and int4-head find V2's drafter
-    load through the same bracket as V1's (radiance/w4/scope.py) but have been measured on V1 only. So a
-    profile with a drafter and any of the three gets V1, the runner they were measured on (at Qwen3.5-27B's
-    shapes stock V2 and V1 step within 1-3% of each other; docs/benchmarks.md)."""
-    f = profile.features
+    declines there (V2's k draft forwards are one captured graph), so a profile with a drafter and
+    dynamic-draft gets V1. w4-drafter and int4-head find V2's drafter load through the same bracket as V1's
+    (radiance/w4/scope.py) and were measured on V2 against stock V2 (docs/benchmarks.md, thirteenth
+    session): they keep vLLM's default runner."""
     loads_a_drafter = profile.drafter.type in ("mtp", "dflash")
-    return loads_a_drafter and (f.dynamic_draft.enabled or f.w4_drafter.enabled or f.int4_head.enabled)
+    return loads_a_drafter and profile.features.dynamic_draft.enabled
 
 
 def triton_cache_dir(environ: dict[str, str]) -> str:

@@ -290,19 +290,19 @@ def runner_finding(profile: Profile) -> tuple[str, str]:
 
     own = profile.env.get("VLLM_USE_V2_MODEL_RUNNER")
     if not needs_runner_v1(profile):
-        return "ok", "vLLM's default (Model Runner V2 on GPUs)" if own is None else \
-            f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env)"
+        if own is None:
+            return "ok", "vLLM's default (Model Runner V2 on GPUs)"
+        if own == "0" and (profile.features.w4_drafter.enabled or profile.features.int4_head.enabled):
+            return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): w4-drafter and int4-head were "
+                            "measured against stock on V2, and on V1 they lost somewhere (docs/benchmarks.md) "
+                            "— fix: remove it from env")
+        return "ok", f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env)"
     if own not in (None, "0"):
-        if profile.features.dynamic_draft.enabled:
-            return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): dynamic-draft declines on V2 (its "
-                            "k draft forwards are one captured graph) and runs stock — fix: remove it from env")
-        return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): w4-drafter and int4-head bracket V2's "
-                        "drafter load too, but were measured on V1 only — fix: remove it from env for the "
-                        "runner they were measured on, or measure V2 first (radiance bench --sets "
-                        "stock@v2,only-int4_head@v2)")
-    return "ok", ("Model Runner V1: a drafter with dynamic-draft, w4-drafter or int4-head (V2 runs its k draft "
-                  "forwards as one captured graph, which dynamic-draft cannot shorten; w4-drafter and int4-head "
-                  "were measured on V1 only; at Qwen3.5-27B's shapes the two runners step within 1-3%)")
+        return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): dynamic-draft declines on V2 (its "
+                        "k draft forwards are one captured graph) and runs stock — fix: remove it from env")
+    return "ok", ("Model Runner V1: a drafter with dynamic-draft (V2 runs its k draft forwards as one captured "
+                  "graph, which dynamic-draft cannot shorten; at Qwen3.5-27B's shapes the two runners step "
+                  "within 1-3%)")
 
 
 def arch_findings(rep: PreflightReport, profile: Profile, hw: "hardware.HardwareReport", platform: str,

@@ -2,9 +2,10 @@
 
 A set is written as one word: ``stock`` (the plugin off: vLLM as released), ``all`` (the features the
 profile turns on), ``no-FEATURE`` (all of them but one), ``only-FEATURE``, or ``a+b`` (exactly these).
-A suffix ``@v1`` / ``@v2`` picks vLLM's model runner; without one a set runs on V1 where the plugin
-forces it (engine_args.needs_runner_v1) and, so that the comparison is like for like, the stock set does
-too on a GPU; ``stock@v2`` is vLLM's own default there. A last suffix ``/kN`` runs the set with N draft
+A suffix ``@v1`` / ``@v2`` picks vLLM's model runner; without one a set runs on the runner `radiance up`
+would give its features (engine_args.needs_runner_v1): V1 on a CPU and for dynamic-draft with a drafter,
+vLLM's default V2 otherwise, so ``stock`` on a GPU is what `vllm serve` gives a user and ``stock@v1`` the
+like-for-like reference of a V1 set. A last suffix ``/kN`` runs the set with N draft
 tokens instead of the profile's ``drafter.num_speculative_tokens`` (``stock/k2``: the best fixed depth is
 found by measuring each).
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from radiance.features import NAMES
 
 from .. import platforms
+from ..engine_args import needs_runner_v1
 from ..errors import UsageError
 from ..profile import Profile
 
@@ -46,7 +48,8 @@ def _depth(word: str, text: str, spec: str) -> int:
     return int(text[1:])
 
 
-def parse_one(word: str, enabled: tuple[str, ...], platform: str, spec: str) -> FeatureSet:
+def parse_one(word: str, profile: Profile, platform: str, spec: str) -> FeatureSet:
+    enabled = tuple(profile.features.enabled_names())
     head, slash, depth_text = word.partition("/")
     depth = _depth(word, depth_text, spec) if slash else None
     base, _, runner = head.partition("@")
@@ -67,7 +70,7 @@ def parse_one(word: str, enabled: tuple[str, ...], platform: str, spec: str) -> 
     else:
         on = {_feature(word, n, spec) for n in base.split("+") if n}
     if not runner:
-        runner = "v1"
+        runner = default_runner(profile, on, platform)
     if platform == platforms.CPU.name and runner == "v2":
         raise UsageError(f"--sets {spec}: {word!r}: Model Runner V2 needs Triton, which vLLM's CPU build "
                          "lacks — fix: drop @v2 on a CPU")
@@ -77,21 +80,29 @@ def parse_one(word: str, enabled: tuple[str, ...], platform: str, spec: str) -> 
     return FeatureSet(name=word, features=_ordered(on), plugin=base != "stock", runner=runner, depth=depth)
 
 
+def default_runner(profile: Profile, on: set[str], platform: str) -> str:
+    """The runner `radiance up` gives these features on ``platform``."""
+    if platform == platforms.CPU.name:
+        return "v1"
+    return "v1" if needs_runner_v1(with_features(profile, _ordered(on))) else "v2"
+
+
 def default_sets(profile: Profile, platform: str) -> str:
-    """stock, (stock@v2 on a GPU), all, and each enabled feature off in turn."""
+    """stock, (stock@v1 on a GPU where the profile's features run on V1), all, and each enabled feature off
+    in turn."""
     enabled = profile.features.enabled_names()
-    words = ["stock"] + (["stock@v2"] if platform != platforms.CPU.name else []) + ["all"]
+    on_v1 = default_runner(profile, set(enabled), platform) == "v1" and platform != platforms.CPU.name
+    words = ["stock"] + (["stock@v1"] if on_v1 else []) + ["all"]
     if len(enabled) > 1:
         words += [f"no-{n}" for n in enabled]
     return ",".join(words)
 
 
 def parse(spec: str, profile: Profile, platform: str) -> list[FeatureSet]:
-    enabled = tuple(profile.features.enabled_names())
     words = [w.strip() for w in spec.split(",") if w.strip()]
     if not words:
         raise UsageError("--sets is empty — fix: e.g. --sets stock,all")
-    sets = [parse_one(w, enabled, platform, spec) for w in words]
+    sets = [parse_one(w, profile, platform, spec) for w in words]
     seen: set[str] = set()
     for s in sets:
         if s.name in seen:

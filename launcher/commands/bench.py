@@ -147,7 +147,9 @@ def _check_keep_reference(profile, profile_path: str, sets, platform: str) -> No
 @PROFILE_ARG
 @click.option("--sets", "sets_spec", default=None, metavar="SETS",
               help="Comma-separated feature sets: stock, all, no-FEATURE, only-FEATURE, a+b, each with an optional "
-                   "@v1/@v2 runner. Default: stock, stock@v2 (GPU), all, and each enabled feature off in turn.")
+                   "@v1/@v2 runner (without one: the runner `radiance up` gives those features). Default: stock, "
+                   "stock@v1 (GPU, where the profile's features run on V1), all, and each enabled feature off in "
+                   "turn.")
 @click.option("--batch", "batch_raw", default="1,8,32", show_default=True, metavar="B,...",
               help="Concurrent requests per timed run.")
 @click.option("--max-tokens", type=click.IntRange(2, 8192), default=128, show_default=True,

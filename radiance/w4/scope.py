@@ -22,8 +22,9 @@ Model Runner V2 (GPU only) loads its drafters itself, never through ``_get_model
 and EAGLE, ``load_dflash_model``), which calls ``get_model`` and then aliases the target's embedding and head
 into the drafter. That method is bracketed too (every V2 speculator that loads a drafter reaches it through
 ``super().load_model``): the aliasing is an attribute assignment, so nothing of the target is processed
-inside it either. Measured on V1 only: the launcher still selects V1 wherever a drafter meets either
-feature (launcher.engine_args.needs_runner_v1), and ``radiance bench --sets only-int4_head@v2`` measures V2.
+inside it either. Run on V2 on an H100 with the MTP drafter (docs/benchmarks.md, thirteenth session): the
+drafter converted (4 linears, fc declined) and the target's 4-bit head shared by it, inside V2's captured draft
+graph; both features keep vLLM's default runner there.
 
 One instance (``DRAFT_SCOPE``) is listed in the ``PATCHES`` of both features; the registry
 installs it once ("already applied" the second time).

@@ -172,9 +172,9 @@ def test_gpu_engines_share_one_triton_cache_across_feature_sets():
                              environ={}).env["TRITON_CACHE_DIR"] == "/p"
 
 
-def test_gpu_engines_with_a_loaded_drafter_and_a_draft_or_head_feature_get_runner_v1():
-    """dynamic-draft declines on V2, and w4-drafter and int4-head were measured on V1 only: any of the three
-    with an MTP or DFlash drafter gets V1 on a GPU; anything else keeps vLLM's default."""
+def test_gpu_engines_with_a_loaded_drafter_and_dynamic_draft_get_runner_v1_and_the_head_and_drafter_features_v2():
+    """dynamic-draft declines on V2: with an MTP or DFlash drafter it gets V1 on a GPU. w4-drafter and
+    int4-head were measured on V2 (thirteenth session) and keep vLLM's default, as does anything else."""
     from launcher import engine_args
 
     def runner(text, platform="cuda"):
@@ -184,17 +184,17 @@ def test_gpu_engines_with_a_loaded_drafter_and_a_draft_or_head_feature_get_runne
 
     assert runner(GOOD) == "0" and runner(GOOD, "rocm") == "0"
     assert runner(GOOD, "cpu") is None
-    only_int4 = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: true") \
-        + CHECKED
-    assert runner(only_int4) == "0"
+    head_and_drafter = GOOD.replace("  dynamic_draft: true",
+                                    "  dynamic_draft: false\n  w4_drafter: true\n  int4_head: true") + CHECKED
+    assert runner(head_and_drafter) is None
     nothing = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: false")
     assert runner(nothing) is None
-    no_drafter = parse_profile(only_int4, "x.yaml").model_copy(update={"drafter": Drafter(type="none")})
+    no_drafter = parse_profile(GOOD, "x.yaml").model_copy(update={"drafter": Drafter(type="none")})
     assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_args.build(no_drafter, platform="cuda", model_arg="/m",
                                                                model_dir=None, environ={}).env
 
 
-def test_check_states_the_runner_and_warns_when_a_profile_forces_v2_on_the_features():
+def test_check_states_the_runner_and_warns_when_a_profile_forces_the_runner_the_features_lost_on():
     from launcher.preflight import runner_finding
 
     status, detail = runner_finding(parse_profile(GOOD, "x.yaml"))
@@ -203,11 +203,15 @@ def test_check_states_the_runner_and_warns_when_a_profile_forces_v2_on_the_featu
     status, detail = runner_finding(forced)
     assert status == "warn" and "dynamic-draft declines" in detail and "fix:" in detail
     no_dd = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: true\n  int4_head: true")
-    status, detail = runner_finding(parse_profile(no_dd + CHECKED + "env:\n  VLLM_USE_V2_MODEL_RUNNER: '1'\n",
+    assert runner_finding(parse_profile(no_dd + CHECKED, "x.yaml")) == \
+        ("ok", "vLLM's default (Model Runner V2 on GPUs)")
+    status, detail = runner_finding(parse_profile(no_dd + CHECKED + "env:\n  VLLM_USE_V2_MODEL_RUNNER: '0'\n",
                                                   "x.yaml"))
-    assert status == "warn" and "measured on V1 only" in detail and "only-int4_head@v2" in detail
+    assert status == "warn" and "measured against stock on V2" in detail and "fix: remove it" in detail
     plain = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: false")
     assert runner_finding(parse_profile(plain, "x.yaml")) == ("ok", "vLLM's default (Model Runner V2 on GPUs)")
+    assert runner_finding(parse_profile(plain + "env:\n  VLLM_USE_V2_MODEL_RUNNER: '0'\n", "x.yaml")) == \
+        ("ok", "VLLM_USE_V2_MODEL_RUNNER=0 (profile env)")
 
 
 def test_a_target_side_feature_needs_greedy_agreement_checked():

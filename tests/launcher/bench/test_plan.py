@@ -20,7 +20,9 @@ def test_words_name_the_features_on():
         ("only-w4_drafter", ("w4_drafter",), True),
         ("dynamic_draft+int4_head", ("dynamic_draft", "int4_head"), True),
     ]
-    assert all(s.runner == "v1" for s in sets)
+    # without a suffix a set runs where `radiance up` would run its features: V1 with dynamic-draft, else V2
+    assert [s.runner for s in sets] == ["v2", "v1", "v1", "v2", "v1"]
+    assert [s.runner for s in plan.parse("stock,all,only-int4_head", TINY, "cpu")] == ["v1"] * 3
 
 
 def test_runner_suffix_and_its_limits():
@@ -43,7 +45,10 @@ def test_bad_sets_are_usage_errors(spec, message):
 
 def test_default_sets():
     assert plan.default_sets(TINY, "cpu") == "stock,all,no-dynamic_draft,no-w4_drafter,no-int4_head"
-    assert plan.default_sets(TINY, "cuda").startswith("stock,stock@v2,all,")
+    assert plan.default_sets(TINY, "cuda").startswith("stock,stock@v1,all,")
+    no_dd = plan.with_features(TINY, ("w4_drafter", "int4_head"))
+    assert plan.default_sets(no_dd, "cuda") == "stock,all,no-w4_drafter,no-int4_head"
+    assert [s.runner for s in plan.parse(plan.default_sets(TINY, "cuda"), TINY, "cuda")][:3] == ["v2", "v1", "v1"]
 
 
 def test_with_features_turns_exactly_those_on_and_keeps_settings():
@@ -57,7 +62,7 @@ def test_with_features_turns_exactly_those_on_and_keeps_settings():
 def test_stock_set_runs_vllm_as_released_and_runners_are_forced_on_gpus():
     from launcher.bench.run import engine_env
 
-    stock, draft, v2 = plan.parse("stock,no-int4_head,stock@v2", TINY, "cuda")
+    stock, draft, v2 = plan.parse("stock@v1,no-int4_head,stock", TINY, "cuda")
     assert engine_env(stock, {"RADIANCE_ENABLE": "1"}, "cuda") == {"RADIANCE_ENABLE": "0",
                                                                   "VLLM_USE_V2_MODEL_RUNNER": "0"}
     assert engine_env(draft, {"RADIANCE_ENABLE": "1"}, "cuda")["RADIANCE_ENABLE"] == "1"
@@ -68,7 +73,7 @@ def test_stock_set_runs_vllm_as_released_and_runners_are_forced_on_gpus():
 def test_depth_suffix_sets_the_draft_tokens_and_is_no_stock_reference():
     from launcher.bench import rounds
 
-    sets = plan.parse("stock,stock/k2,all@v1/k3", TINY, "cuda")
+    sets = plan.parse("stock@v1,stock@v1/k2,all@v1/k3", TINY, "cuda")
     assert [s.depth for s in sets] == [None, 2, 3]
     assert sets[2].runner == "v1" and "dynamic_draft" in sets[2].features
     assert plan.for_set(TINY, sets[1]).drafter.num_speculative_tokens == 2
