@@ -6,7 +6,8 @@ Per set, acceptance profile and batch: the median decode tok/s of the rounds [mi
 within-round ratios to the report's reference [min-max], and the same ratio at the profile's expected
 acceptance (launcher.bench.rounds.add_expected: the measured step time, the synthetic sampler's luck left
 out), with the measured and the expected mean acceptance length. The figures are recomputed from each
-round's rows, so a report written before add_expected existed gets them too.
+round's rows, so a report written before add_expected existed gets them too; a ``--keep-reference``
+report's from its pairs (each set against the reference measurement taken just before it).
 """
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ from launcher.bench import rounds, run  # noqa: E402
 def rederive(report: dict) -> list[dict]:
     """The report's sets merged again from their rounds, with the expected-acceptance figures."""
     sets = report["sets"]
+    if report["options"].get("keep_reference"):
+        pairs = run.split_pairs(copy.deepcopy(sets))
+        for pair in (p for ps in pairs.values() for p in ps):
+            for s in pair:
+                rounds.add_expected(s)
+        return run.merge_pairs(pairs)
     # a round cut short holds the sets it reached, in order (run.merge_done)
     done = [[copy.deepcopy((s.get("rounds") or [s])[i]) for s in sets if i < rounds.rounds_ran(s)]
             for i in range(max(map(rounds.rounds_ran, sets)))]
@@ -38,7 +45,8 @@ def markdown(report: dict) -> str:
     lines = [f"| set | acceptance | B | decode tok/s [min-max] | vs {ref} | vs {ref} at expected acceptance | "
              "ms/step | accept len (expected) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     merged = rederive(report)
-    n = max(map(rounds.rounds_ran, merged))
+    # the rounds asked for, as the CLI's table counts them (a reference kept loaded ran once per pair)
+    n = report["options"].get("rounds") or max(map(rounds.rounds_ran, merged))
     for s in merged:
         name = rounds.set_label(s, n)
         if "error" in s:

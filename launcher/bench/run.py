@@ -257,18 +257,40 @@ def bench_beside_reference(profile: Profile, profile_path: str, platform: str, s
 
 def _report_pairs(profile: Profile, profile_path: str, platform: str, opts: Options, commit: str, started,
                   sets: list[plan.FeatureSet], pairs: dict[str, list[list[dict]]]) -> dict:
-    """One entry per set like bench_fresh's: the reference from all its measurements, each set from its
-    pairs (median, spread, every pair kept under ``rounds``)."""
-    refs = [p[0] for ps in pairs.values() for p in ps]
-    merged = [rounds.merge_rounds([[r] for r in refs])[0]] if refs else []
-    for name, ps in pairs.items():
-        if ps:
-            merged.append(rounds.merge_rounds(ps)[1])
+    """One entry per set like bench_fresh's (merge_pairs)."""
+    merged = merge_pairs(pairs)
     done = min((len(ps) for ps in pairs.values() if ps), default=0)
     report = _header(profile, profile_path, platform, opts, commit, started, merged, done)
     report["reference"] = sets[0].name
     report["sets"] = merged
     return report
+
+
+def merge_pairs(pairs: dict[str, list[list[dict]]]) -> list[dict]:
+    """``--keep-reference``'s measurements, ``{set: [[reference, set], ...]}`` in the order they ran -> the
+    reference from all its measurements, then each set from its own pairs (median, spread, every pair kept
+    under ``rounds``), each ratio taken within its pair."""
+    for ps in pairs.values():
+        for p in ps:
+            compare(p)
+    refs = [p[0] for ps in pairs.values() for p in ps]
+    merged = [rounds.merge_rounds([[r] for r in refs])[0]] if refs else []
+    return merged + [rounds.merge_rounds(ps)[1] for ps in pairs.values() if ps]
+
+
+def split_pairs(sets: list[dict]) -> dict[str, list[list[dict]]]:
+    """A ``--keep-reference`` report's sets back into merge_pairs' pairs: the reference's measurements are
+    kept in the order they ran, each set's pairs in turn, so the i-th of a set pairs with the reference
+    measurement taken just before it (not with the i-th of the reference's, which belongs to the first set)."""
+    ref, rest = sets[0], sets[1:]
+    refs = list(ref.get("rounds") or [ref])
+    pairs: dict[str, list[list[dict]]] = {}
+    i = 0
+    for s in rest:
+        mine = list(s.get("rounds") or [s])
+        pairs[s["set"]] = [[refs[i + j], m] for j, m in enumerate(mine) if i + j < len(refs)]
+        i += len(mine)
+    return pairs
 
 
 def bench_fresh(profile: Profile, profile_path: str, platform: str, sets: list[plan.FeatureSet], opts: Options,

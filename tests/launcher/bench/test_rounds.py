@@ -233,3 +233,32 @@ def test_both_tables_name_a_set_that_ran_in_fewer_rounds(monkeypatch, tmp_path):
     md = subprocess.run([sys.executable, "benchmarks/report_table.py", str(path)], capture_output=True, text=True,
                         check=True).stdout
     assert "| dd (2 of 3 rounds) |" in md and "| stock |" in md
+
+
+def test_a_kept_reference_report_pairs_each_set_with_the_reference_measured_beside_it(tmp_path):
+    # --keep-reference: stock measured before each of the set's measurements; the machine halves its speed
+    # before "w4" starts. w4's ratio is to stock's 3rd and 4th measurements, not its 1st and 2nd (0.55x)
+    import subprocess
+    import sys
+
+    stock = [_set("stock@v2", False, {8: t}) for t in (100.0, 100.0, 50.0, 50.0)]
+    for s in stock:
+        s["runner"] = "v2"
+    pairs = {"int4": [[stock[0], _set("int4", True, {8: 110.0})], [stock[1], _set("int4", True, {8: 112.0})]],
+             "w4": [[stock[2], _set("w4", True, {8: 55.0})], [stock[3], _set("w4", True, {8: 56.0})]]}
+    merged = run.merge_pairs(pairs)
+    assert [s["set"] for s in merged] == ["stock@v2", "int4", "w4"]
+    assert merged[2]["results"][0]["vs_stock_spread"] == {"median": 1.11, "min": 1.1, "max": 1.12, "n": 2}
+    assert merged[0]["results"][0]["decode_tok_s_spread"]["n"] == 4
+    assert run.split_pairs(merged) == pairs
+    for rnd in (p for ps in pairs.values() for p in ps):
+        for s in rnd:
+            s["results"][0].update(ms_per_step=10.0, mean_acceptance_length=2.0)
+    report = {"profile_name": "p", "device": "d", "commit": "c", "reference": "stock@v2", "acceptance": {"kind": "model"},
+              "options": {"max_tokens": 8, "rounds": 2, "rounds_done": 2, "keep_reference": True},
+              "sets": run.merge_pairs(pairs)}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    md = subprocess.run([sys.executable, "benchmarks/report_table.py", str(path)], capture_output=True, text=True,
+                        check=True).stdout
+    assert "| w4 |  | 8 | 55 [55-56] | 1.11 [1.10-1.12] |" in md and "| stock@v2 |  | 8 |" in md and "rounds)" not in md
