@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The appliance inside vLLM's GPU build on the H200 machine (docs/benchmarks.md, "Inside vLLM on the H200"):
 #   bash benchmarks/h200_inside_vllm.sh STEP COMMIT [SETS] [extra radiance bench options]
-# STEP: tiny | big | headscale (one call each) | table-start, then table-poll until it prints the bench's exit code
+# STEP: tiny | planted | big | headscale (one call each) | table-start, then table-poll until it prints the bench's exit code
 # after ../shared/gpu/stage.py's pieces are in /tmp/stage (README there) and .gpu/proj holds this
 # checkout's wheel, the launcher's two packages the machine lacks (ruamel.yaml, docker) and, for the steps that
 # start vLLM's OpenAI server (headscale: the gate), what its router imports and the staged wheels leave out
@@ -51,6 +51,13 @@ case "$step" in
     fi
     mkdir -p /tmp/rh/reports; for d in "$OUT"/*-logs; do [ -d "$d" ] && mv "$d" /tmp/rh/reports/; done
     logs "tiny-${sets//[,@+\/]/_}"; logs planted ;;
+  planted)  # the planted violation alone (every draft accepted), on each runner named: the check must fail
+    # (bench exit 1, violations in every set) on V2, the runner vLLM picks on GPUs, and on V1
+    sets=${3:-stock,stock@v1}
+    bench profiles/tiny-gpu.yaml --sets "$sets" --batch 8 --max-tokens 64 --lossless 8 "${@:4}" \
+      --engine-env PYTHONPATH="$PWD/tests/e2e/plant_accept_all:$PYTHONPATH" --out "$OUT/planted.json"
+    mkdir -p /tmp/rh/reports; for d in "$OUT"/*-logs; do [ -d "$d" ] && mv "$d" /tmp/rh/reports/; done
+    logs planted ;;
   big)  # Qwen3.5-27B shapes, random weights: per-step cost of stock and each single-GPU feature on its runner.
     # The report is rewritten after each set, straight into $OUT: a call that runs out keeps what it measured.
     sets=${3:-stock,only-int4_head,only-w4_drafter}
