@@ -11,13 +11,15 @@
 # carries the tracked tree, ~34 MiB): `git rm -r -q --cached . && echo '*' >> .git/info/exclude`, then
 # `python3 ../shared/gpu/stage.py --out .gpu/s` (61 MiB pieces: 21 instead of 48, ~4.5 s a call), and
 # `git reset -q` + the old exclude file before the run calls. The files stay on disk throughout.
-# Issue 37's next table (docs/benchmarks.md, thirteenth session): the same protocol on an H200, with every
-# set on the runner `radiance up` gives it (a set without @v1/@v2: dynamic-draft on V1, the rest on V2):
-# table-start with "stock,only-int4_head,only-w4_drafter,only-dynamic_draft" --rounds 3 --repeat 3 and the
-# three --acceptance profiles (on an H100 the thirteenth session's three sets took ~25 min: stock's cold
-# start 293 s, later engines 60-131 s; a fourth set adds ~8 min, more than one session's device time after
-# staging). On an H200, --keep-reference with --vllm-arg gpu-memory-utilization=0.47 starts each engine once
-# (two 27B bf16 engines do not fit an H100 80GB).
+# Issue 37's next table (docs/benchmarks.md, thirteenth and fourteenth sessions), on an H200 only: every set on
+# the runner `radiance up` gives it (a set without @v1/@v2: dynamic-draft on V1, the rest on V2), stock kept
+# loaded beside each set (two 27B bf16 engines need ~130 GB; --keep-reference first ran on a GPU in the
+# fourteenth session, tiny model): table-start with "stock,only-int4_head,only-w4_drafter,only-dynamic_draft"
+# --keep-reference --rounds 3 --repeat 2 --vllm-arg gpu-memory-utilization=0.47, the three --acceptance
+# profiles and the kernel-config arg. Estimated from the H100's figures: stock's cold start ~290 s, each set's
+# engine ~100 s, one measurement of 3 profiles x 3 batches ~40 s at --repeat 2 (~55 s at 3): ~1300 s after
+# staging. Fresh engines every round (the thirteenth session's protocol) take ~35 min for four sets: more
+# device time than a session has.
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"
