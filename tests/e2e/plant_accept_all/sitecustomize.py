@@ -12,15 +12,7 @@ import radiance.plugin as _plugin
 _real_register = _plugin.register
 
 
-def _plant_v1() -> None:
-    try:
-        from vllm.v1.sample import rejection_sampler as rs
-    except Exception:
-        return
-    if getattr(rs.rejection_sample, "_planted", False):
-        return
-    real = rs.rejection_sample
-
+def _v1(real):
     def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                          target_logits, *args, **kwargs):
         import torch
@@ -29,9 +21,7 @@ def _plant_v1() -> None:
         target_logits[rows, draft_token_ids.long()] = target_logits.max(dim=-1).values + 100.0
         return real(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                     target_logits, *args, **kwargs)
-
-    rejection_sample._planted = True
-    rs.rejection_sample = rejection_sample
+    return rejection_sample
 
 
 def plant_v2_logits(target_logits, draft_sampled, cu_num_logits) -> None:
@@ -52,27 +42,32 @@ def plant_v2_logits(target_logits, draft_sampled, cu_num_logits) -> None:
                                             target_logits[rows, cols])
 
 
-def _plant_v2() -> None:
+def _v2(real):
+    def rejection_sample(target_logits, draft_logits, draft_sampled, cu_num_logits, *args, **kwargs):
+        plant_v2_logits(target_logits, draft_sampled, cu_num_logits)
+        return real(target_logits, draft_logits, draft_sampled, cu_num_logits, *args, **kwargs)
+    return rejection_sample
+
+
+def _plant(module: str, wrap) -> None:
+    """``module.rejection_sample`` (looked up by name at each call) replaced by ``wrap`` of it, once."""
+    import importlib
+
     try:
-        from vllm.v1.worker.gpu.spec_decode import rejection_sampler as rs
+        rs = importlib.import_module(module)
     except Exception:
         return
     if getattr(rs.rejection_sample, "_planted", False):
         return
-    real = rs.rejection_sample
-
-    def rejection_sample(target_logits, draft_logits, draft_sampled, cu_num_logits, *args, **kwargs):
-        plant_v2_logits(target_logits, draft_sampled, cu_num_logits)
-        return real(target_logits, draft_logits, draft_sampled, cu_num_logits, *args, **kwargs)
-
-    rejection_sample._planted = True
-    rs.rejection_sample = rejection_sample
+    planted = wrap(rs.rejection_sample)
+    planted._planted = True
+    rs.rejection_sample = planted
 
 
 def register():
     _real_register()
-    _plant_v1()
-    _plant_v2()
+    _plant("vllm.v1.sample.rejection_sampler", _v1)
+    _plant("vllm.v1.worker.gpu.spec_decode.rejection_sampler", _v2)
 
 
 _plugin.register = register
