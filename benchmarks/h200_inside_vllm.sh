@@ -38,6 +38,11 @@ bench() { timeout "${LIMIT:-$((565 - SECONDS))}" python3 -m launcher bench --com
 logs() { grep -h -E "radiance|Error|error:|Traceback|AOT|compil|declin|latched|took|takes|Capturing|captur|autotun|profil|KV cache|Loading|backend|[Aa]sync|schedul" \
            /tmp/rh/reports/*"$1"*-logs/*.log 2>/dev/null | grep -v -E "DeprecationWarning|warnings.warn|replaced vllm" \
            | cut -c1-400 | tail -n 600 > "$OUT/$1.log"; }
+# the planted violation (every draft accepted, tests/e2e/plant_accept_all) on the sets in $1: the check must fail
+planted() { bench profiles/tiny-gpu.yaml --sets "$1" --batch 8 --max-tokens 64 --lossless 8 "${@:2}" \
+              --engine-env PYTHONPATH="$PWD/tests/e2e/plant_accept_all:$PYTHONPATH" --out "$OUT/planted.json"; }
+# the engine logs out of $OUT (only reports come back whole) to where logs() reads them; $1: a glob prefix
+move_logs() { mkdir -p /tmp/rh/reports; for d in "$OUT"/$1-logs; do [ -d "$d" ] && mv "$d" /tmp/rh/reports/; done; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 case "$step" in
   tiny)  # stock and draft-side, timed 3x and re-scored at B = 1 and 8; then a planted violation (every draft accepted).
@@ -48,24 +53,21 @@ case "$step" in
       --max-tokens 128 --repeat 3 "${@:4}" --out "$OUT/tiny-${sets//[,@+\/]/_}.json"
     # PLANTED=0 leaves the planted run out (the call's time then goes to the timed sets: LIMIT 565).
     if [ "${PLANTED:-1}" != 0 ]; then
-      LIMIT=$((565 - SECONDS)) bench profiles/tiny-gpu.yaml --sets stock --batch 8 --max-tokens 64 --lossless 8 "${@:4}" \
-        --engine-env PYTHONPATH="$PWD/tests/e2e/plant_accept_all:$PYTHONPATH" --out "$OUT/planted.json"
+      LIMIT=$((565 - SECONDS)) planted stock "${@:4}"
     fi
-    mkdir -p /tmp/rh/reports; for d in "$OUT"/*-logs; do [ -d "$d" ] && mv "$d" /tmp/rh/reports/; done
+    move_logs '*'
     logs "tiny-${sets//[,@+\/]/_}"; logs planted ;;
   planted)  # the planted violation alone (every draft accepted), on each runner named: the check must fail
     # (bench exit 1, violations in every set) on V2, the runner vLLM picks on GPUs, and on V1
-    sets=${3:-stock,stock@v1}
-    bench profiles/tiny-gpu.yaml --sets "$sets" --batch 8 --max-tokens 64 --lossless 8 "${@:4}" \
-      --engine-env PYTHONPATH="$PWD/tests/e2e/plant_accept_all:$PYTHONPATH" --out "$OUT/planted.json"
-    mkdir -p /tmp/rh/reports; for d in "$OUT"/*-logs; do [ -d "$d" ] && mv "$d" /tmp/rh/reports/; done
+    planted "${3:-stock,stock@v1}" "${@:4}"
+    move_logs '*'
     logs planted ;;
   big)  # Qwen3.5-27B shapes, random weights: per-step cost of stock and each single-GPU feature on its runner.
     # The report is rewritten after each set, straight into $OUT: a call that runs out keeps what it measured.
     sets=${3:-stock,only-int4_head,only-w4_drafter}
     bench profiles/qwen3.5-27b-dummy-tp1.yaml --sets "$sets" --batch 1,8,32 --max-tokens 64 --repeat 3 \
       --lossless none "${@:4}" --out "$OUT/big-${sets//[,@+\/]/_}.json"
-    mkdir -p /tmp/rh/reports; for d in "$OUT"/big-*-logs; do [ -d "$d" ] && mv "$d" /tmp/rh/reports/; done; logs big ;;
+    move_logs 'big-*'; logs big ;;
   table-start|table-poll)  # one bench longer than a call: started in its own session (the machine keeps it
     # running between calls, README of the device tool), then watched by back-to-back calls; each call copies
     # the report as it stands (rewritten after every set) and the engine logs' radiance lines into $OUT.
