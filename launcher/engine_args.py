@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from radiance.features import FEATURES
+from radiance.features import FEATURES, Setup, draft_depth_tiers, setup_refusal
 
 from . import paths, platforms
 from .engine_link import KEY_ENV
@@ -166,14 +166,25 @@ def radiance_env(profile: Profile) -> dict[str, str]:
     return env
 
 
-def needs_runner_v1(profile: Profile) -> bool:
-    """vLLM 0.32 runs Model Runner V2 by default on GPUs, and V2 has its own speculators: dynamic-draft
-    declines there (V2's k draft forwards are one captured graph), so a profile with a drafter and
-    dynamic-draft gets V1. w4-drafter and int4-head find V2's drafter load through the same bracket as V1's
-    (radiance/w4/scope.py) and were measured on V2 against stock V2 (docs/benchmarks.md, thirteenth
-    session): they keep vLLM's default runner."""
-    loads_a_drafter = profile.drafter.type in ("mtp", "dflash")
-    return loads_a_drafter and profile.features.dynamic_draft.enabled
+def model_runner(platform: str, profile_env: dict[str, str], environ: dict[str, str]) -> str:
+    """The vLLM model runner an engine gets, "v1" or "v2": V1 on a CPU; on a GPU V2 (vLLM 0.32's pick there,
+    and every feature serves on it) unless its environment says VLLM_USE_V2_MODEL_RUNNER=0."""
+    if not platforms.is_gpu(platform):
+        return "v1"
+    own = profile_env.get("VLLM_USE_V2_MODEL_RUNNER", environ.get("VLLM_USE_V2_MODEL_RUNNER"))
+    return "v1" if own == "0" else "v2"
+
+
+def dynamic_draft_tiers(profile: Profile) -> list[list[int]] | None:
+    """The per-batch-size schedule under which Model Runner V2 captures full CUDA graphs, target and drafter,
+    for every draft depth 1..k (radiance.features.draft_depth_tiers); dynamic-draft replaces the scheduler's
+    lookup of it with its own policy. None where dynamic-draft has no MTP depth to choose."""
+    d = profile.drafter
+    if not profile.features.dynamic_draft.enabled or d.num_speculative_tokens < 2:
+        return None
+    if setup_refusal("dynamic_draft", Setup(tp=profile.parallel.tp, pp=profile.parallel.pp, drafter=d.type)):
+        return None
+    return draft_depth_tiers(d.num_speculative_tokens)
 
 
 def triton_cache_dir(environ: dict[str, str]) -> str:
@@ -215,6 +226,9 @@ def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | 
     if m.trust_remote_code:
         args.append("--trust-remote-code")
     spec = speculative_config(profile, drafter_arg)
+    tiers = dynamic_draft_tiers(profile)
+    if spec is not None and tiers and model_runner(platform, profile.env, environ) == "v2":
+        spec["num_speculative_tokens_per_batch_size"] = tiers
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
         if platform == platforms.CPU.name:
@@ -226,8 +240,6 @@ def build(profile: Profile, *, platform: str, model_arg: str, model_dir: Path | 
     env.update(profile.env)
     env.update(radiance_env(profile))
     if platforms.is_gpu(platform):
-        if needs_runner_v1(profile):
-            env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         if "TRITON_CACHE_DIR" not in env and "TRITON_CACHE_DIR" not in environ:
             env["TRITON_CACHE_DIR"] = triton_cache_dir(environ)
     # The engine's internal sockets bind to whatever address they find unless told: vLLM's (engine-core

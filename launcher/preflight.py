@@ -239,9 +239,13 @@ def async_scheduling(profile: Profile, platform: str | None) -> bool | None:
 def explain_features(profile: Profile, facts: feature_table.ModelFacts, archs: list[str],
                      aot: dict[str, tuple[list[dict] | None, str]], caps: dict | None,
                      platform: str | None = None) -> list[FeatureVerdict]:
+    from .engine_args import model_runner
+
     setup = feature_table.Setup(tp=profile.parallel.tp, pp=profile.parallel.pp, drafter=profile.drafter.type,
                                 quantization=profile.model.quantization, fp8_lm_head=profile.model.fp8_lm_head,
-                                async_scheduling=async_scheduling(profile, platform))
+                                async_scheduling=async_scheduling(profile, platform),
+                                runner=None if platform is None else model_runner(platform, profile.env,
+                                                                                   dict(os.environ)))
     out = []
     for feat in feature_table.FEATURES:
         requested = getattr(profile.features, feat.name).enabled
@@ -285,24 +289,22 @@ def resolve_platform(profile: Profile, hw: "hardware.HardwareReport") -> str:
 
 
 def runner_finding(profile: Profile) -> tuple[str, str]:
-    """Which vLLM model runner a GPU engine gets (launcher.engine_args.needs_runner_v1) and why."""
-    from .engine_args import needs_runner_v1
+    """Which vLLM model runner a GPU engine gets (launcher.engine_args.model_runner) and what that means here."""
+    from .engine_args import dynamic_draft_tiers
 
     own = profile.env.get("VLLM_USE_V2_MODEL_RUNNER")
-    if not needs_runner_v1(profile):
-        if own is None:
-            return "ok", "vLLM's default (Model Runner V2 on GPUs)"
-        if own == "0" and (profile.features.w4_drafter.enabled or profile.features.int4_head.enabled):
-            return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): w4-drafter and int4-head were "
-                            "measured against stock on V2, and on V1 they lost somewhere (docs/benchmarks.md) "
-                            "— fix: remove it from env")
-        return "ok", f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env)"
-    if own not in (None, "0"):
-        return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): dynamic-draft declines on V2 (its "
-                        "k draft forwards are one captured graph) and runs stock — fix: remove it from env")
-    return "ok", ("Model Runner V1: a drafter with dynamic-draft (V2 runs its k draft forwards as one captured "
-                  "graph, which dynamic-draft cannot shorten; at Qwen3.5-27B's shapes the two runners step "
-                  "within 1-3%)")
+    tiers = dynamic_draft_tiers(profile)
+    if own is None:
+        detail = "vLLM's default (Model Runner V2 on GPUs)"
+        if tiers:
+            detail += (f"; dynamic-draft: full CUDA graphs captured for each draft depth 1..{len(tiers)} "
+                       f"(num_speculative_tokens_per_batch_size {tiers}), the step's depth chosen by the policy")
+        return "ok", detail
+    if own == "0" and (tiers or profile.features.w4_drafter.enabled or profile.features.int4_head.enabled):
+        return "warn", (f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env): on V1 dynamic-draft verifies the configured "
+                        "depth every step, and w4-drafter and int4-head lost to stock V2 somewhere "
+                        "(docs/benchmarks.md) — fix: remove it from env")
+    return "ok", f"VLLM_USE_V2_MODEL_RUNNER={own} (profile env)"
 
 
 def arch_findings(rep: PreflightReport, profile: Profile, hw: "hardware.HardwareReport", platform: str,

@@ -54,6 +54,13 @@ DRAFT_SCHEDULE = "1:8,2:7,4:6,8:5,16:4"
 W4_GROUP_SIZE = 128
 
 
+def draft_depth_tiers(k: int) -> list[list[int]]:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` that names every draft depth 1..k once (at batch size
+    d, depth d; the tail carries k), so that Model Runner V2 captures full graphs for each. dynamic-draft
+    chooses among them; the batch sizes mean nothing then. The launcher writes it, the patch recognises it."""
+    return [[d, d, d] for d in range(1, k + 1)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Static applicability
 # ---------------------------------------------------------------------------------------------
@@ -122,6 +129,7 @@ class Setup:
     quantization: str | None = None      # --quantization
     fp8_lm_head: bool = False
     async_scheduling: bool | None = None  # vLLM's scheduler runs a step ahead (None: not known here)
+    runner: str | None = None             # vLLM's model runner, "v1" | "v2" (None: not known here)
 
 
 @dataclass(frozen=True)
@@ -178,11 +186,18 @@ def _dynamic_draft(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
         return False, "the checkpoint has no MTP layer"
     mode = {True: "asynchronous scheduling (vLLM's GPU default)", False: "synchronous scheduling",
             None: "either scheduling"}[s.async_scheduling]
+    how = {
+        "v2": ("on Model Runner V2 the target verifies the chosen depth, with full CUDA graphs captured for every "
+               "depth 1..k (the launcher names each in vLLM's num_speculative_tokens_per_batch_size), so a "
+               "shallower step saves drafter forwards and verification width"),
+        "v1": ("on Model Runner V1 the target verifies the configured depth every step (its full CUDA graph is "
+               "kept), so a shallower step saves MTP forwards only"),
+        None: ("on Model Runner V2 (vLLM's GPU default) the target verifies the chosen depth with a full CUDA graph "
+               "for each; on V1 it verifies the configured depth and a shallower step saves MTP forwards only"),
+    }[s.runner]
     return True, ("vLLM's scheduler chooses each step's MTP depth on the host before the step, from the "
                   "acceptance and step times of finished steps; nothing waits for the GPU, so it serves under "
-                  f"{mode}; the target still verifies the configured depth (the hybrid layers' state needs it), so its "
-                  "full CUDA graph is kept and a shallower step saves MTP forwards only. Measured: wins where "
-                  "drafts are rejected, loses where they are accepted (docs/benchmarks.md, eighth session)")
+                  f"{mode}; {how}")
 
 
 def _w4_drafter(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:

@@ -3,20 +3,21 @@
 A set is written as one word: ``stock`` (the plugin off: vLLM as released), ``all`` (the features the
 profile turns on), ``no-FEATURE`` (all of them but one), ``only-FEATURE``, or ``a+b`` (exactly these).
 A suffix ``@v1`` / ``@v2`` picks vLLM's model runner; without one a set runs on the runner `radiance up`
-would give its features (engine_args.needs_runner_v1): V1 on a CPU and for dynamic-draft with a drafter,
-vLLM's default V2 otherwise, so ``stock`` on a GPU is what `vllm serve` gives a user and ``stock@v1`` the
-like-for-like reference of a V1 set. A last suffix ``/kN`` runs the set with N draft
+would give it (engine_args.model_runner): V1 on a CPU, vLLM's default V2 on a GPU unless the profile's env says
+otherwise, so ``stock`` on a GPU is what `vllm serve` gives a user and ``stock@v1`` the like-for-like
+reference of a V1 set. A last suffix ``/kN`` runs the set with N draft
 tokens instead of the profile's ``drafter.num_speculative_tokens`` (``stock/k2``: the best fixed depth is
 found by measuring each).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from radiance.features import NAMES
 
 from .. import platforms
-from ..engine_args import needs_runner_v1
+from ..engine_args import model_runner
 from ..errors import UsageError
 from ..profile import Profile
 
@@ -70,29 +71,22 @@ def parse_one(word: str, profile: Profile, platform: str, spec: str) -> FeatureS
     else:
         on = {_feature(word, n, spec) for n in base.split("+") if n}
     if not runner:
-        runner = default_runner(profile, on, platform)
+        runner = default_runner(profile, platform)
     if platform == platforms.CPU.name and runner == "v2":
         raise UsageError(f"--sets {spec}: {word!r}: Model Runner V2 needs Triton, which vLLM's CPU build "
                          "lacks — fix: drop @v2 on a CPU")
-    if runner == "v2" and "dynamic_draft" in on:
-        raise UsageError(f"--sets {spec}: {word!r}: dynamic-draft declines on Model Runner V2 (not measured "
-                         "there) — fix: @v1, or a set without dynamic_draft")
     return FeatureSet(name=word, features=_ordered(on), plugin=base != "stock", runner=runner, depth=depth)
 
 
-def default_runner(profile: Profile, on: set[str], platform: str) -> str:
-    """The runner `radiance up` gives these features on ``platform``."""
-    if platform == platforms.CPU.name:
-        return "v1"
-    return "v1" if needs_runner_v1(with_features(profile, _ordered(on))) else "v2"
+def default_runner(profile: Profile, platform: str) -> str:
+    """The runner `radiance up` gives an engine of this profile on ``platform``, whatever its features."""
+    return model_runner(platform, profile.env, dict(os.environ))
 
 
 def default_sets(profile: Profile, platform: str) -> str:
-    """stock, (stock@v1 on a GPU where the profile's features run on V1), all, and each enabled feature off
-    in turn."""
+    """stock, all, and each enabled feature off in turn (every set on the runner `radiance up` gives)."""
     enabled = profile.features.enabled_names()
-    on_v1 = default_runner(profile, set(enabled), platform) == "v1" and platform != platforms.CPU.name
-    words = ["stock"] + (["stock@v1"] if on_v1 else []) + ["all"]
+    words = ["stock", "all"]
     if len(enabled) > 1:
         words += [f"no-{n}" for n in enabled]
     return ",".join(words)

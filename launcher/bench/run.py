@@ -54,12 +54,16 @@ class Options:
     keep_reference: bool = False
 
 
+def runner_env(fs: plan.FeatureSet, platform: str) -> dict[str, str]:
+    """The set's model runner, named to vLLM on a GPU (a CPU has one)."""
+    return {} if platform == "cpu" else {"VLLM_USE_V2_MODEL_RUNNER": "1" if fs.runner == "v2" else "0"}
+
+
 def engine_env(fs: plan.FeatureSet, cfg_env: dict[str, str], platform: str) -> dict[str, str]:
     env = dict(cfg_env)
     if not fs.plugin:
         env["RADIANCE_ENABLE"] = "0"
-    if platform != "cpu":
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if fs.runner == "v2" else "0"
+    env.update(runner_env(fs, platform))
     return env
 
 
@@ -77,7 +81,7 @@ class _Engine:
 def _engine(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options, log_dir: Path,
             log_suffix: str = "", seed_offset: int = 0) -> _Engine:
     p = plan.for_set(profile, fs)
-    cfg = engine_args.from_profile(p, platform=platform)
+    cfg = engine_args.from_profile(p, platform=platform, environ={**os.environ, **runner_env(fs, platform)})
     server_args = cfg.server_args
     if seed_offset:  # from the profile's seed, or vLLM's default 0
         server_args = [*server_args, "--seed", str((_seed_of(server_args) or 0) + seed_offset)]

@@ -32,8 +32,11 @@ never timed, on the line between the shallowest's step time and the best's), wit
 in the tenth session the shallowest's re-probes, and its first probes in the bucket a B = 32 batch passes
 through as its requests finish, still cost 7% of a code-like B = 32 run at 27B shapes.
 
-The seeds' tau keeps its intent: a depth whose last position is estimated, from at least 32 drafts, to be
-accepted less often than tau is not a candidate (stop drafting where acceptance is unlikely). The re-probes
+The seeds' tau keeps its intent: a depth whose last position (or the one before it) is estimated, from at
+least 32 drafts, to be accepted less often than tau is not a candidate (stop drafting where acceptance is
+unlikely). The position before counts because a rate per position is unconditional, so it never rises with
+depth: at 27B shapes with nothing accepted, depth 2 otherwise ran 48 of 64 steps at B = 1 while its own
+position gathered the evidence (docs/benchmarks.md, fifteenth session). The re-probes
 still visit it, since a position's acceptance is only seen while it is drafted (without both rules one bad
 first step ruled depths 2-4 out for good on the tiny model). The batch-size schedule caps the depth.
 
@@ -160,11 +163,16 @@ class DepthPolicy:
     def candidates(self, batch_size: int) -> list[int]:
         out = []
         for d in range(1, self._cap(batch_size) + 1):
-            r, seen = self.acceptance.rate(d), self.acceptance.evidence(d)
-            if d > 1 and r is not None and r < self.tau and seen >= TAU_EVIDENCE:
+            # position d is accepted no more often than position d - 1 (an unconditional rate): a first
+            # position under tau rules out depth 2 before depth 2 has drafted enough to say so itself
+            if d > 1 and (self._under_tau(d) or self._under_tau(d - 1)):
                 break   # deeper positions are accepted less often still
             out.append(d)
         return out
+
+    def _under_tau(self, position: int) -> bool:
+        r = self.acceptance.rate(position)
+        return r is not None and r < self.tau and self.acceptance.evidence(position) >= TAU_EVIDENCE
 
     def _cap(self, batch_size: int) -> int:
         return min(depth_cap(self.schedule, batch_size) or self.k, self.k)

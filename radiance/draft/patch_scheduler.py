@@ -1,30 +1,35 @@
-"""dynamic-draft in vLLM 0.32's scheduler: how many MTP forwards each step runs, chosen on the host before
+"""dynamic-draft in vLLM 0.32's scheduler: how many draft tokens each step makes, chosen on the host before
 the step.
 
-``Scheduler.schedule`` leaves the policy's depth on the step's ``SchedulerOutput`` (``DEPTH_ATTR``), which
-reaches every worker with the step (patch_runner.py runs that many MTP forwards and pads the drafts to the
-configured width). ``update_from_output`` feeds the policy (depth_policy.py): the drafts each request
-verified, how many were accepted, and the time between finished steps. Nothing inside a step waits for the
-GPU, so it serves under vLLM's default asynchronous scheduling; one scheduler serves every TP rank, so the
-ranks run the same depth by construction.
+``update_from_output`` feeds the policy (depth_policy.py): the drafts each request verified, how many were
+accepted, and the time between finished steps. Nothing inside a step waits for the GPU, so it serves under
+vLLM's default asynchronous scheduling; one scheduler serves every TP rank, so the ranks run the same depth
+by construction. Where the choice goes depends on the model runner:
 
-Why the verified width stays at the configured k: the Qwen3-Next family is hybrid, and vLLM 0.32's
-gated-delta-net layers keep each request's convolution window in a buffer of k + 3 columns whose offset for
-the next step is the accepted count alone (``causal_conv1d_update``'s ``num_accepted_tokens``, GPU and
-CPU): it is right only when the previous step verified exactly k + 1 tokens. A shallower verification (what
-vLLM's own ``num_speculative_tokens_per_batch_size`` does) reads the wrong window on every step after it;
-vLLM's CPU kernel refuses it outright ("num_accepted_tokens must be in [1, seqlen]", seen here). So the
-scheduler keeps ``num_spec_tokens_to_schedule`` and the target verifies k + 1 tokens every step: its full
-CUDA graph replays unchanged, and what a shallower depth saves is the drafter's forwards (and their head
-calls), which the policy weighs against the acceptance they would have bought.
+- **Model Runner V2** (vLLM's GPU default). vLLM's own dynamic speculative decoding already carries a depth
+  per step: the scheduler reads ``dynamic_sd_lookup[batch_size]`` into ``num_spec_tokens_to_schedule``, the
+  runner drafts that many tokens, and the next step verifies that many; V2 captures full CUDA graphs for
+  every depth its ``num_speculative_tokens_per_batch_size`` schedule can give, for the target's verification
+  and for the MTP speculator alike. The launcher writes a schedule naming every depth 1..k (so all are
+  captured), and this patch replaces the scheduler's lookup with the policy (``PolicyLookup``): a shallower
+  step saves the drafter's forwards *and* the verification's width. The gated-delta-net layers follow a
+  changing width there: their spec-decode convolution and recurrent state read the query's real length
+  (``query_start_loc``) and the previous step's accepted count, which V2 keeps per request.
+- **Model Runner V1** (the CPU runner; a GPU engine told ``VLLM_USE_V2_MODEL_RUNNER=0``). vLLM's schedule
+  forces piecewise graphs there, so the depth rides the step's ``SchedulerOutput`` (``DEPTH_ATTR``) to the
+  runner (patch_runner.py), which runs that many MTP forwards and pads the drafts to k: the target verifies
+  k + 1 tokens every step and its full graph replays unchanged. vLLM 0.32's CPU causal-conv kernel refuses
+  a verification shorter than the previous one ("num_accepted_tokens must be in [1, seqlen]"), so on V1
+  the width stays k.
 
-Lossless: the padding repeats the request's last draft token, which the unchanged rejection sampler
-verifies like any other draft.
+Lossless either way: on V2 every draft is a real MTP draft verified by vLLM's own sampler; on V1 the padding
+repeats the request's last draft token, which the unchanged rejection sampler verifies like any other.
 
-Fail closed: declined at load (one log line, stock depth) where there is no MTP drafter, one draft slot,
-vLLM's own per-batch-size schedule or Model Runner V2 (``why_not``, the same rule in the engine core and in
-the workers, which report it); an exception in the policy latches the patch off, and every later step runs
-the configured depth (``radiance:draft_fallback_steps`` counts them).
+Fail closed: declined at load (one log line, stock depth) where there is no MTP drafter, one draft slot, on V1
+a user's own per-batch-size schedule, or on V2 a schedule that does not give every depth 1..k (``why_not``,
+the same rule in the engine core and in the workers, which report it); an exception in the policy latches
+the patch off, and every later step runs the configured depth (``radiance:draft_fallback_steps`` counts
+them).
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ import logging
 import time
 
 from .. import envs
+from ..features import draft_depth_tiers
 from ..patching import Hooks, Patch
 from ..report import channel
 from .depth_policy import DepthPolicy
@@ -44,6 +50,27 @@ _SCHED = "vllm.v1.core.sched.scheduler.Scheduler"
 POLICY_ATTR = "_radiance_draft_policy"   # on the scheduler: its DepthPolicy, or False once declined
 
 
+def tiers(vllm_config) -> set[int]:
+    """The draft depths Model Runner V2 captures graphs for: every value of vLLM's per-batch-size schedule
+    up to ``max_num_seqs`` (empty without one)."""
+    spec = vllm_config.speculative_config
+    schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+    if not schedule:
+        return set()
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    try:
+        dense = build_dynamic_sd_schedule_lookup(schedule, vllm_max_batch_size=vllm_config.scheduler_config.max_num_seqs,
+                                                 vllm_num_speculative_tokens=spec.num_speculative_tokens)
+    except ValueError:   # vLLM refuses such a schedule at startup; no depth is captured by it here
+        return set()
+    return set(dense[1:])
+
+
+def runs_on_v2(vllm_config) -> bool:
+    return bool(getattr(vllm_config, "use_v2_model_runner", False))
+
+
 def why_not(vllm_config) -> str | None:
     """Why this engine's steps cannot have their depth chosen (None: they can)."""
     spec = getattr(vllm_config, "speculative_config", None)
@@ -51,14 +78,32 @@ def why_not(vllm_config) -> str | None:
         return "no drafter: vLLM decodes without speculative tokens"
     if spec.method != "mtp":
         return f"the drafter is {spec.method}, not MTP: it drafts as stock"
-    if spec.num_speculative_tokens < 2:
-        return f"num_speculative_tokens is {spec.num_speculative_tokens}: no draft depth to choose, stock MTP"
-    if getattr(spec, "num_speculative_tokens_per_batch_size", None):
-        return "vLLM's own num_speculative_tokens_per_batch_size chooses the depth: stock"
-    if getattr(vllm_config, "use_v2_model_runner", False):
-        return ("vLLM built Model Runner V2, whose speculator this patch has not been measured with: stock "
-                "MTP. Set VLLM_USE_V2_MODEL_RUNNER=0 to use dynamic-draft")
+    k = spec.num_speculative_tokens
+    if k < 2:
+        return f"num_speculative_tokens is {k}: no draft depth to choose, stock MTP"
+    schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+    if not runs_on_v2(vllm_config):
+        if schedule:
+            return "vLLM's own num_speculative_tokens_per_batch_size chooses the depth on Model Runner V1: stock"
+        return None
+    missing = sorted(set(range(1, k + 1)) - tiers(vllm_config))
+    if missing:
+        return (f"Model Runner V2 captures graphs only for the depths its num_speculative_tokens_per_batch_size "
+                f"schedule gives, and depth {', '.join(map(str, missing))} is not among them: stock MTP. Set "
+                f"speculative_config.num_speculative_tokens_per_batch_size to {draft_depth_tiers(k)} (radiance up "
+                "does)")
     return None
+
+
+class PolicyLookup:
+    """Stands where vLLM's scheduler keeps its dense batch size -> depth table (``dynamic_sd_lookup``) and
+    asks the policy instead, once per step, before the step's output is built."""
+
+    def __init__(self, draft: "DynamicDraftPatch", policy: DepthPolicy) -> None:
+        self._draft, self._policy = draft, policy
+
+    def __getitem__(self, batch_size: int) -> int:
+        return self._draft.choose(self._policy, batch_size)
 
 
 class SchedulerHooks(Hooks):
@@ -68,13 +113,16 @@ class SchedulerHooks(Hooks):
     via = VIA
 
     def schedule(self, *args, **kwargs):
-        out = self._orig_schedule(*args, **kwargs)
         draft = self._radiance_draft
         policy = getattr(self, POLICY_ATTR, None)
         if policy is None:
-            policy = draft.attach(self)
+            policy = draft.attach(self)   # before vLLM's first schedule: on V2 its lookup is replaced first
+        out = self._orig_schedule(*args, **kwargs)
         if policy and out.total_num_scheduled_tokens > 0:
-            setattr(out, DEPTH_ATTR, draft.choose(policy, len(out.num_scheduled_tokens)))
+            if isinstance(getattr(self, "dynamic_sd_lookup", None), PolicyLookup):
+                setattr(out, DEPTH_ATTR, out.num_spec_tokens_to_schedule)   # chosen inside, by the lookup
+            else:
+                setattr(out, DEPTH_ATTR, draft.choose(policy, len(out.num_scheduled_tokens)))
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -96,6 +144,7 @@ class DynamicDraftPatch(Patch):
     feature = "dynamic_draft"
     hook_points = (  # the first is one no base class of vLLM's defines too (tests/e2e/test_plugin_declines.py)
         "vllm.v1.core.sched.output.SchedulerOutput.num_spec_tokens_to_schedule",
+        "vllm.v1.spec_decode.dynamic.utils.build_dynamic_sd_schedule_lookup",
         f"{_SCHED}.schedule",
         f"{_SCHED}.update_from_output",
         f"{RUNNER}.propose_draft_token_ids",
@@ -126,18 +175,40 @@ class DynamicDraftPatch(Patch):
 
     def attach(self, scheduler) -> DepthPolicy | bool:
         """On the first step: the scheduler's policy, or a decline said once (False)."""
-        why = why_not(scheduler.vllm_config)
+        cfg = scheduler.vllm_config
+        why = why_not(cfg)
+        if why is None and runs_on_v2(cfg) and not isinstance(getattr(scheduler, "dynamic_sd_lookup", None), list):
+            why = "this vLLM's scheduler keeps no dynamic_sd_lookup table to choose the depth through: stock MTP"
         if why is not None:
             logger.warning("radiance: dynamic-draft runs vLLM's configured depth in this engine: %s", why)
+            self._set_aside_tiers(scheduler)
             setattr(scheduler, POLICY_ATTR, False)
             return False
-        k = scheduler.vllm_config.speculative_config.num_speculative_tokens
+        k = cfg.speculative_config.num_speculative_tokens
         policy = DepthPolicy(k, tau=self.tau, schedule=self.schedule)
         setattr(scheduler, POLICY_ATTR, policy)
         self._verified = k
-        logger.info("radiance: dynamic-draft chooses each step's MTP forwards (1..%d) in the scheduler; "
-                    "the target verifies %d drafts every step", k, k)
+        if runs_on_v2(cfg):
+            scheduler.dynamic_sd_lookup = PolicyLookup(self, policy)
+            logger.info("radiance: dynamic-draft chooses each step's draft depth (1..%d) in the scheduler; "
+                        "Model Runner V2 drafts and verifies that depth with the full CUDA graphs it captured "
+                        "for each", k)
+        else:
+            logger.info("radiance: dynamic-draft chooses each step's MTP forwards (1..%d) in the scheduler; "
+                        "the target verifies %d drafts every step (Model Runner V1)", k, k)
         return policy
+
+    @staticmethod
+    def _set_aside_tiers(scheduler) -> None:
+        """Declined on V2 under the schedule the launcher wrote for this patch (every depth named once, at
+        batch size d depth d): vLLM would run it as written, shallow at small batches. The configured depth
+        runs at every batch size instead, as the decline says. A user's own schedule is left as it is."""
+        spec = scheduler.vllm_config.speculative_config
+        lookup = getattr(scheduler, "dynamic_sd_lookup", None)
+        schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+        k = getattr(spec, "num_speculative_tokens", 0)
+        if isinstance(lookup, list) and schedule and [list(e) for e in schedule] == draft_depth_tiers(k):
+            scheduler.dynamic_sd_lookup = [k] * len(lookup)
 
     def choose(self, policy: DepthPolicy, batch_size: int) -> int:
         if not self.latched_off:

@@ -172,42 +172,47 @@ def test_gpu_engines_share_one_triton_cache_across_feature_sets():
                              environ={}).env["TRITON_CACHE_DIR"] == "/p"
 
 
-def test_gpu_engines_with_a_loaded_drafter_and_dynamic_draft_get_runner_v1_and_the_head_and_drafter_features_v2():
-    """dynamic-draft declines on V2: with an MTP or DFlash drafter it gets V1 on a GPU. w4-drafter and
-    int4-head were measured on V2 (thirteenth session) and keep vLLM's default, as does anything else."""
+def test_gpu_engines_keep_vllms_runner_and_dynamic_draft_gets_a_graph_for_every_depth():
+    """On a GPU every feature serves on vLLM's default runner (V2): the launcher sets no runner, and with
+    dynamic-draft and an MTP drafter it names every draft depth 1..k in vLLM's per-batch-size schedule so that
+    V2 captures full graphs for each (the patch chooses among them). Not on a CPU (V1), nor where the
+    profile's env or the launcher's forces V1, nor without dynamic-draft."""
+    import json
+
     from launcher import engine_args
 
-    def runner(text, platform="cuda"):
+    def built(text, platform="cuda", environ=None):
         cfg = engine_args.build(parse_profile(text, "x.yaml"), platform=platform, model_arg="/m", model_dir=None,
-                                environ={})
-        return cfg.env.get("VLLM_USE_V2_MODEL_RUNNER")
+                                environ=environ or {})
+        spec = json.loads(cfg.server_args[cfg.server_args.index("--speculative-config") + 1])
+        return cfg.env.get("VLLM_USE_V2_MODEL_RUNNER"), spec.get("num_speculative_tokens_per_batch_size")
 
-    assert runner(GOOD) == "0" and runner(GOOD, "rocm") == "0"
-    assert runner(GOOD, "cpu") is None
-    head_and_drafter = GOOD.replace("  dynamic_draft: true",
-                                    "  dynamic_draft: false\n  w4_drafter: true\n  int4_head: true") + CHECKED
-    assert runner(head_and_drafter) is None
-    nothing = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: false")
-    assert runner(nothing) is None
-    no_drafter = parse_profile(GOOD, "x.yaml").model_copy(update={"drafter": Drafter(type="none")})
-    assert "VLLM_USE_V2_MODEL_RUNNER" not in engine_args.build(no_drafter, platform="cuda", model_arg="/m",
-                                                               model_dir=None, environ={}).env
+    k4 = GOOD.replace("  type: mtp", "  type: mtp\n  num_speculative_tokens: 4")
+    tiers = [[1, 1, 1], [2, 2, 2], [3, 3, 3], [4, 4, 4]]
+    assert built(k4) == (None, tiers) and built(k4, "rocm") == (None, tiers)
+    assert built(k4, "cpu") == (None, None)
+    assert built(k4 + "env:\n  VLLM_USE_V2_MODEL_RUNNER: '0'\n") == ("0", None)
+    assert built(k4, environ={"VLLM_USE_V2_MODEL_RUNNER": "0"}) == (None, None)
+    assert built(k4.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: true\n  int4_head: true")
+                 + CHECKED) == (None, None)
+    assert built(GOOD.replace("  type: mtp", "  type: mtp\n  num_speculative_tokens: 1"))[1] is None
 
 
 def test_check_states_the_runner_and_warns_when_a_profile_forces_the_runner_the_features_lost_on():
     from launcher.preflight import runner_finding
 
-    status, detail = runner_finding(parse_profile(GOOD, "x.yaml"))
-    assert status == "ok" and detail.startswith("Model Runner V1")
-    forced = parse_profile(GOOD + "env:\n  VLLM_USE_V2_MODEL_RUNNER: '1'\n", "x.yaml")
-    status, detail = runner_finding(forced)
-    assert status == "warn" and "dynamic-draft declines" in detail and "fix:" in detail
+    k4 = GOOD.replace("  type: mtp", "  type: mtp\n  num_speculative_tokens: 4")
+    status, detail = runner_finding(parse_profile(k4, "x.yaml"))
+    assert status == "ok" and detail.startswith("vLLM's default (Model Runner V2 on GPUs); dynamic-draft: full CUDA "
+                                                "graphs captured for each draft depth 1..4")
+    status, detail = runner_finding(parse_profile(k4 + "env:\n  VLLM_USE_V2_MODEL_RUNNER: '0'\n", "x.yaml"))
+    assert status == "warn" and "verifies the configured depth" in detail and "fix: remove it" in detail
     no_dd = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: true\n  int4_head: true")
     assert runner_finding(parse_profile(no_dd + CHECKED, "x.yaml")) == \
         ("ok", "vLLM's default (Model Runner V2 on GPUs)")
     status, detail = runner_finding(parse_profile(no_dd + CHECKED + "env:\n  VLLM_USE_V2_MODEL_RUNNER: '0'\n",
                                                   "x.yaml"))
-    assert status == "warn" and "measured against stock on V2" in detail and "fix: remove it" in detail
+    assert status == "warn" and "lost to stock V2" in detail and "fix: remove it" in detail
     plain = GOOD.replace("  dynamic_draft: true", "  dynamic_draft: false\n  w4_drafter: false\n  int4_head: false")
     assert runner_finding(parse_profile(plain, "x.yaml")) == ("ok", "vLLM's default (Model Runner V2 on GPUs)")
     assert runner_finding(parse_profile(plain + "env:\n  VLLM_USE_V2_MODEL_RUNNER: '0'\n", "x.yaml")) == \

@@ -20,8 +20,8 @@ def test_words_name_the_features_on():
         ("only-w4_drafter", ("w4_drafter",), True),
         ("dynamic_draft+int4_head", ("dynamic_draft", "int4_head"), True),
     ]
-    # without a suffix a set runs where `radiance up` would run its features: V1 with dynamic-draft, else V2
-    assert [s.runner for s in sets] == ["v2", "v1", "v1", "v2", "v1"]
+    # without a suffix a set runs where `radiance up` would run it: vLLM's default V2 on a GPU, V1 on a CPU
+    assert [s.runner for s in sets] == ["v2"] * 5
     assert [s.runner for s in plan.parse("stock,all,only-int4_head", TINY, "cpu")] == ["v1"] * 3
 
 
@@ -29,8 +29,7 @@ def test_runner_suffix_and_its_limits():
     assert plan.parse("stock@v2", TINY, "cuda")[0].runner == "v2"
     with pytest.raises(UsageError, match="V2 needs Triton"):
         plan.parse("stock@v2", TINY, "cpu")
-    with pytest.raises(UsageError, match="dynamic-draft declines on Model Runner V2"):
-        plan.parse("all@v2", TINY, "cuda")
+    assert plan.parse("all@v1", TINY, "cuda")[0].runner == "v1"
     with pytest.raises(UsageError, match="@v1 or @v2"):
         plan.parse("stock@v3", TINY, "cuda")
 
@@ -45,10 +44,10 @@ def test_bad_sets_are_usage_errors(spec, message):
 
 def test_default_sets():
     assert plan.default_sets(TINY, "cpu") == "stock,all,no-dynamic_draft,no-w4_drafter,no-int4_head"
-    assert plan.default_sets(TINY, "cuda").startswith("stock,stock@v1,all,")
+    assert plan.default_sets(TINY, "cuda").startswith("stock,all,")
     no_dd = plan.with_features(TINY, ("w4_drafter", "int4_head"))
     assert plan.default_sets(no_dd, "cuda") == "stock,all,no-w4_drafter,no-int4_head"
-    assert [s.runner for s in plan.parse(plan.default_sets(TINY, "cuda"), TINY, "cuda")][:3] == ["v2", "v1", "v1"]
+    assert {s.runner for s in plan.parse(plan.default_sets(TINY, "cuda"), TINY, "cuda")} == {"v2"}
 
 
 def test_with_features_turns_exactly_those_on_and_keeps_settings():

@@ -122,6 +122,9 @@ def test_tau_floor_and_schedule_cap_bound_the_candidates():
     assert p.candidates(1) == [1, 2]
     assert p.candidates(32) == [1, 2]
     assert all(p.choose(32).depth <= 2 for _ in range(50))
+    p = DepthPolicy(4, tau=0.1)
+    p.acceptance.observe([1] * 40, [0] * 40)      # only depth 1 drafted, never accepted: nothing deeper can be
+    assert p.candidates(1) == [1]
 
 
 def test_unclean_steps_and_idle_gaps_do_not_time_a_depth():

@@ -1,10 +1,12 @@
 """dynamic-draft's patches on vLLM's Scheduler and V1 runner: the depth left on the step, what is read
-from a finished step, the padding to the verified width, and how it fails closed. The scheduler and runner
-objects are stand-ins with the attributes vLLM 0.32 reads and writes (a real scheduler needs a KV cache
-config); real vLLM runs it in tests/e2e/test_dynamic_draft_lossless.py."""
+from a finished step, the padding to the verified width, and how it fails closed. Most scheduler and runner
+objects are stand-ins with the attributes vLLM 0.32 reads and writes; the Model Runner V2 path runs vLLM's
+own AsyncScheduler (with V2 faked: it needs Triton on a GPU). Real vLLM runs the V1 path end to end in
+tests/e2e/test_dynamic_draft_lossless.py."""
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ import torch
 from radiance import patching
 from radiance.draft.depth_policy import DepthPolicy
 from radiance.draft.patch_runner import DEPTH_ATTR, RunnerHooks, pad_drafts, pad_probs
-from radiance.draft.patch_scheduler import POLICY_ATTR, DynamicDraftPatch
+from radiance.draft.patch_scheduler import POLICY_ATTR, DynamicDraftPatch, PolicyLookup, why_not
 from radiance.draft.telemetry import DraftCounters
 
 pytest.importorskip("vllm")
@@ -24,9 +26,89 @@ def _patch() -> DynamicDraftPatch:
     return p
 
 
-def _config(k=4, method="mtp"):
-    spec = types.SimpleNamespace(method=method, num_speculative_tokens=k, num_speculative_tokens_per_batch_size=None)
-    return types.SimpleNamespace(speculative_config=spec, use_v2_model_runner=False)
+def _config(k=4, method="mtp", v2=False, schedule=None, max_num_seqs=256):
+    spec = types.SimpleNamespace(method=method, num_speculative_tokens=k,
+                                 num_speculative_tokens_per_batch_size=schedule)
+    return types.SimpleNamespace(speculative_config=spec, use_v2_model_runner=v2,
+                                 scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs))
+
+
+TIERS = [[1, 1, 1], [2, 2, 2], [3, 3, 3], [4, 4, 4]]   # what the launcher writes for k = 4
+
+
+def test_on_v2_the_depth_is_chosen_only_where_vllm_captured_every_depth():
+    assert why_not(_config(v2=True, schedule=TIERS)) is None
+    assert "[1, 1, 1], [2, 2, 2], [3, 3, 3], [4, 4, 4]" in why_not(_config(v2=True))
+    assert "depth 1, 2, 3 is not among them" in why_not(_config(v2=True, schedule=[[1, 8, 4]]))
+    assert "depth 4" in why_not(_config(v2=True, schedule=TIERS, max_num_seqs=3))   # the tail is cut at 3
+    assert "depth 1, 2, 3, 4" in why_not(_config(v2=True, schedule=[[2, 2, 2]]))    # vLLM refuses it
+    # on V1 vLLM's own schedule forces piecewise graphs: a user's schedule there is theirs, and the patch declines
+    assert "num_speculative_tokens_per_batch_size" in why_not(_config(schedule=TIERS))
+    assert why_not(_config()) is None
+
+
+def test_declined_on_v2_the_launchers_tiers_give_way_to_the_configured_depth_and_a_users_schedule_stays():
+    p = _patch()
+    cut = types.SimpleNamespace(vllm_config=_config(v2=True, schedule=TIERS, max_num_seqs=3),
+                                dynamic_sd_lookup=[0, 1, 2, 3])        # vLLM's table: depth 4 never captured
+    assert p.attach(cut) is False and cut.dynamic_sd_lookup == [4, 4, 4, 4]
+    own = types.SimpleNamespace(vllm_config=_config(v2=True, schedule=[[1, 8, 4]]), dynamic_sd_lookup=[0] + [4] * 8)
+    assert p.attach(own) is False and own.dynamic_sd_lookup == [0] + [4] * 8
+    table = types.SimpleNamespace(vllm_config=_config(v2=True, schedule=TIERS), dynamic_sd_lookup=[0, 1, 2, 3, 4])
+    assert isinstance(p.attach(table), DepthPolicy) and isinstance(table.dynamic_sd_lookup, PolicyLookup)
+
+
+def test_on_faked_v2_vllms_own_scheduler_schedules_the_depth_the_policy_chose(monkeypatch, tmp_path):
+    """vLLM's AsyncScheduler, built from a real engine config of the tiny Qwen3.5 with MTP k = 4: the patch
+    replaces its depth lookup, each step's num_spec_tokens_to_schedule is the policy's choice, and the next
+    step verifies exactly that many drafts (its requests' scheduled tokens). Model Runner V2 is faked on (it
+    needs Triton on a GPU); nothing else is."""
+    from vllm.config import VllmConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from radiance.draft.patch_scheduler import SchedulerHooks
+
+    monkeypatch.setattr("vllm.plugins.plugins_loaded", True)   # this process's vLLM classes stay unpatched
+    cfg = EngineArgs(model=str(Path(__file__).resolve().parents[3] / "models" / "tiny-qwen3.5-trained"), dtype="bfloat16", max_model_len=256, max_num_seqs=8,
+                     enable_prefix_caching=False, async_scheduling=True,
+                     speculative_config={"method": "mtp", "num_speculative_tokens": 4,
+                                         "num_speculative_tokens_per_batch_size": TIERS}).create_engine_config()
+    cfg.cache_config.num_gpu_blocks = 64
+    monkeypatch.setattr(VllmConfig, "use_v2_model_runner", property(lambda self: True))
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=16, dtype=torch.bfloat16)
+    kv = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+    p = _patch()
+    p.hook(SchedulerHooks)
+    try:
+        s = AsyncScheduler(vllm_config=cfg, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(cfg),
+                           block_size=16)
+        for i in range(3):
+            s.add_request(Request(request_id=f"r{i}", prompt_token_ids=[1, 2, 3, 4, 5],
+                                  sampling_params=SamplingParams(max_tokens=200), pooling_params=None))
+        chosen, verified = [], []
+        for _ in range(12):
+            out = s.schedule()
+            chosen.append(out.num_spec_tokens_to_schedule)
+            assert getattr(out, DEPTH_ATTR) == out.num_spec_tokens_to_schedule
+            drafts = {r: len(t) for r, t in out.scheduled_spec_decode_tokens.items()}
+            verified.append(sorted(set(drafts.values())))
+            assert all(out.num_scheduled_tokens[r] == n + 1 for r, n in drafts.items())
+            ids = list(out.num_scheduled_tokens)
+            s.update_from_output(out, ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[[7] * (1 + drafts.get(r, 0)) for r in ids]))   # every draft accepted
+        assert isinstance(s.dynamic_sd_lookup, PolicyLookup)
+        assert verified[1:] == [[d] for d in chosen[:-1]]   # each step verifies what the step before drafted
+        assert chosen[:2] == [4, 4] and 1 in chosen          # the configured depth, then the shallowest's probe
+        assert p.counters.snapshot()["probe_steps"] > 0
+    finally:
+        p.revert()
 
 
 def test_attach_gives_the_scheduler_a_policy_or_declines_once():
