@@ -12,7 +12,7 @@
 # `python3 ../shared/gpu/stage.py --out .gpu/s` (61 MiB pieces: 21 instead of 48, ~4.5 s a call), and
 # `git reset -q` + the old exclude file before the run calls. The files stay on disk throughout.
 # Issue 37's next table (docs/benchmarks.md, thirteenth and fourteenth sessions), on an H200 only: every set on
-# the runner `radiance up` gives it (a set without @v1/@v2: dynamic-draft on V1, the rest on V2), stock kept
+# the runner `radiance up` gives it (a set without @v1/@v2: V2, dynamic-draft included since 23026bb), stock kept
 # loaded beside each set (two 27B bf16 engines need ~130 GB; --keep-reference first ran on a GPU in the
 # fourteenth session, tiny model): table-start with "stock,only-int4_head,only-w4_drafter,only-dynamic_draft"
 # --keep-reference --rounds 3 --repeat 2 --vllm-arg gpu-memory-utilization=0.47, the three --acceptance
