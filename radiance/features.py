@@ -186,15 +186,13 @@ def _dynamic_draft(facts: ModelFacts, s: Setup) -> tuple[bool | None, str]:
         return False, "the checkpoint has no MTP layer"
     mode = {True: "asynchronous scheduling (vLLM's GPU default)", False: "synchronous scheduling",
             None: "either scheduling"}[s.async_scheduling]
-    how = {
-        "v2": ("on Model Runner V2 the target verifies the chosen depth, with full CUDA graphs captured for every "
-               "depth 1..k (the launcher names each in vLLM's num_speculative_tokens_per_batch_size), so a "
-               "shallower step saves drafter forwards and verification width"),
-        "v1": ("on Model Runner V1 the target verifies the configured depth every step (its full CUDA graph is "
-               "kept), so a shallower step saves MTP forwards only"),
-        None: ("on Model Runner V2 (vLLM's GPU default) the target verifies the chosen depth with a full CUDA graph "
-               "for each; on V1 it verifies the configured depth and a shallower step saves MTP forwards only"),
-    }[s.runner]
+    v2 = ("on Model Runner V2 the target verifies the chosen depth, with full CUDA graphs captured for every depth "
+          "1..k (the launcher names each in vLLM's num_speculative_tokens_per_batch_size), so a shallower step "
+          "saves drafter forwards and verification width")
+    v1 = ("on Model Runner V1 the target verifies the configured depth every step (its full CUDA graph is kept), "
+          "so a shallower step saves MTP forwards only")
+    # runner not known before the probe: both, V2 first (vLLM's pick on a GPU)
+    how = {"v2": v2, "v1": v1, None: f"{v2} (vLLM's GPU default); {v1}"}[s.runner]
     return True, ("vLLM's scheduler chooses each step's MTP depth on the host before the step, from the "
                   "acceptance and step times of finished steps; nothing waits for the GPU, so it serves under "
                   f"{mode}; {how}")
