@@ -34,6 +34,9 @@ access_log = logging.getLogger("radiance.gateway.access")
 REQUEST_ID = "X-Request-Id"
 _RID_OK = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 RID_KEY = web.RequestKey("request_id", str)
+# /radiance/status answers with the gateway's own state (phase, gate, replicas) even while the engine is slow
+# to report its patches: under load a Serve replica's /metrics can take seconds to come back.
+STATUS_ENGINE_WAIT_S = 2.0
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "content-length", "authorization"}
@@ -140,9 +143,13 @@ class Gateway:
     async def status(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return _json_error(401, "missing or wrong API key", "authentication_error")
-        engine = await self.engine_report()
+        try:
+            engine, answer = await asyncio.wait_for(self.engine_report(), STATUS_ENGINE_WAIT_S), "answered"
+        except asyncio.TimeoutError:
+            engine, answer = engine_report.EngineReport(), f"no answer within {STATUS_ENGINE_WAIT_S:g} s"
         body = {"phase": self.state.phase, "ready": self.state.ready, "reason": self.state.reason,
                 "since": self.state.since, "in_flight": self.in_flight, **self.state.info,
+                "engine_report": answer,
                 # one row per feature patch (the report channel's and the drafter-load bracket's rows, which
                 # belong to no feature, stay in patches_by_rank)
                 "patches": [p for p in engine.patches if p["feature"]], "patches_by_rank": engine.ranks,

@@ -18,7 +18,8 @@ def live_status(st: DeploymentState) -> dict | None:
     if st.api_key_env and os.environ.get(st.api_key_env):
         headers["Authorization"] = f"Bearer {os.environ[st.api_key_env]}"
     try:
-        r = httpx.get(st.gateway_url + "/radiance/status", headers=headers, timeout=3.0)
+        # The gateway bounds its own wait on the engine (STATUS_ENGINE_WAIT_S); this covers a loaded host.
+        r = httpx.get(st.gateway_url + "/radiance/status", headers=headers, timeout=10.0)
         return r.json() if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
@@ -40,6 +41,9 @@ def describe(st: DeploymentState) -> dict:
             d["telemetry"] = live.get("telemetry")
             if live.get("replicas") is not None:
                 d["replicas"] = live["replicas"]
+        else:
+            # Say so, rather than report a live deployment with no patches, gate or replicas.
+            d["live"] = f"the gateway at {st.gateway_url} did not answer /radiance/status"
     return d
 
 
@@ -64,6 +68,8 @@ def command(name: str | None, as_json: bool) -> None:
              d["gateway_url"], d["runtime"], d["reason"]] for d in data]
     console.out.print(console.table("deployments", ["name", "state", "endpoint", "runtime", "reason"], rows))
     for d in data:
+        if d.get("live"):
+            console.out.print(f"{d['name']}: {d['live']}")
         if d.get("patches"):
             prow = [[p["feature"] or p["patch"], p["patch"], console.styled(p["status"]), p.get("reason", "")]
                     for p in d["patches"]]

@@ -151,7 +151,7 @@ def dep(cluster):
         radiance("down", NAME, env=env, timeout=300)
         pytest.fail(f"radiance up exited {up.returncode}:\n{up.stdout}\n{up.stderr}")
     # `up` returns once one replica serves and another has failed its gate; the second may still be gating.
-    while _status(d)["replicas"]["states"].get("RUNNING", 0) < REPLICAS - 1:
+    while _status(d).get("replicas", {"states": {}})["states"].get("RUNNING", 0) < REPLICAS - 1:
         assert time.monotonic() - t0 < 420, _status(d)
         time.sleep(2)
     print(f"\n[ray] up, {REPLICAS - 1}/{REPLICAS} replicas serving after {time.monotonic() - t0:.0f}s")
@@ -160,8 +160,14 @@ def dep(cluster):
 
 
 def _status(dep) -> dict:
-    out = radiance("status", NAME, "--json", env=dep["env"], check=True)
-    return json.loads(out.stdout)
+    """`radiance status --json` once the gateway's own view came with it: on two cores busy with three
+    engines, one status call may miss the gateway (it says so in `live`); a minute of misses fails."""
+    t0 = time.monotonic()
+    while True:
+        st = json.loads(radiance("status", NAME, "--json", env=dep["env"], check=True).stdout)
+        if "live" not in st or time.monotonic() - t0 > 60:
+            return st
+        time.sleep(2)
 
 
 def _live(dep) -> dict:
@@ -243,16 +249,20 @@ def test_killing_one_engine_mid_run_loses_no_request_that_had_not_started(dep):
         t.join(timeout=240)
     killed = kill_at[0]
     lost = {i: r for i, r in out.items() if not (r["status"] == 200 and r["done"])}
-    # A request may be cut only if its stream had begun on the victim before the kill.
-    unstarted_lost = {i: r for i, r in lost.items() if r["first"] is None or r["first"] > killed}
-    after = [r for r in out.values() if r["sent"] > killed + 1.0]
+    # A request may be cut only if its stream had begun on the victim before the kill: what a client read
+    # from the victim its engine wrote (the gateway adds nothing mid-stream), and a killed engine writes
+    # nothing. The client's clock cannot tell: on two busy cores a first line the engine wrote before the
+    # kill reached the client 2 s after it (a run of this module on this 2-core machine).
+    unstarted_lost = {i: r for i, r in lost.items() if r["first"] is None or r["replica"] != victim}
+    # A request sent after the kill cannot have reached the victim's engine: whatever Serve still routed to
+    # the victim went again, to a replica with an engine.
+    after = {i: r for i, r in out.items() if r["sent"] > killed}
     print(f"\n[ray] 36 streams, engine of replica {victim} killed after #8: {len(lost)} cut mid-stream "
-          f"(started before the kill), {len(out) - len(lost)} whole; after the kill answered by "
-          f"{sorted({r['replica'] for r in after if r['replica']})}")
+          f"(started on it before the kill), {len(out) - len(lost)} whole; after the kill answered by "
+          f"{sorted({r['replica'] for r in after.values() if r['replica']})}")
     assert len(out) == 36 and not unstarted_lost, unstarted_lost
-    # Whatever Serve still routed to the victim went again, to a replica with an engine.
-    assert not [r for r in out.values() if r["first"] and r["first"] > killed and r["replica"] == victim], out
-    assert any(r["replica"] == survivor and r["done"] for r in after), after
+    assert after and all(r["done"] and r["replica"] != victim for r in after.values()), after
+    assert any(r["replica"] == survivor for r in after.values()), after
     # The other replica keeps serving.
     assert _complete(dep["base"], 999)[0] == 200
 

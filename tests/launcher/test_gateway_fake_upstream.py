@@ -193,3 +193,40 @@ def test_engine_down_is_502_not_a_crash():
             await gw.stop()
 
     run(main())
+
+
+def test_status_answers_with_the_gateways_own_state_while_the_engine_is_slow_to_report():
+    """A Serve replica's /metrics can take seconds on a loaded host (CI: `radiance status` timed out and the
+    replicas it was polling for went missing); /radiance/status waits for it only STATUS_ENGINE_WAIT_S."""
+    from launcher.gateway import STATUS_ENGINE_WAIT_S
+
+    async def main():
+        up_port, gw_port = _port(), _port()
+        release = asyncio.Event()
+
+        async def slow_metrics(request):
+            await release.wait()
+            return web.Response(text="")
+
+        app = web.Application()
+        app.router.add_get("/metrics", slow_metrics)
+        upstream = web.AppRunner(app)
+        await upstream.setup()
+        await web.TCPSite(upstream, "127.0.0.1", up_port).start()
+        gw = await _ready_gateway(f"http://127.0.0.1:{up_port}", gw_port)
+        gw.state.info["replicas"] = {"target": 3}
+        try:
+            async with aiohttp.ClientSession() as s:
+                t0 = asyncio.get_running_loop().time()
+                async with s.get(f"http://127.0.0.1:{gw_port}/radiance/status") as r:
+                    body = await r.json()
+                waited = asyncio.get_running_loop().time() - t0
+            assert r.status == 200 and body["ready"] and body["replicas"] == {"target": 3}, body
+            assert body["engine_report"] == f"no answer within {STATUS_ENGINE_WAIT_S:g} s", body
+            assert body["patches"] == [] and waited < STATUS_ENGINE_WAIT_S + 2, waited
+        finally:
+            release.set()
+            await gw.stop()
+            await upstream.cleanup()
+
+    run(main())
