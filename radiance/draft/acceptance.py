@@ -7,15 +7,22 @@ the share of drafts reaching i that were accepted there: the unconditional per-p
 ``spec_decode_num_accepted_tokens_per_pos`` reports, so ``1 + r_1 + ... + r_d`` is the expected
 number of tokens a request gains from a step drafting d.
 
-Counts decay by ``DECAY`` per step, so the estimate follows the traffic (code, then prose) over a few
-hundred steps. A position not drafted for a while keeps its last estimate: both of its counts decay
-alike, their ratio stays. Pure host arithmetic, no torch, no vLLM.
+The estimate forgets at the pace new evidence comes in: a step whose drafts reach position i ``n`` times
+scales that position's past counts by ``DECAY ** n`` (half-life ~70 drafts, at any batch size). Decaying by
+step instead let a batch of 32 outweigh 32 steps of a single request: after a code-like B = 32 phase, a
+prose-like B = 1 phase of ~140 steps still read 0.42 / 0.32 at positions 3 / 4 (true: 0.12 / 0.06). A replay of
+`radiance bench`'s order on the fifteenth session's H100 step costs (benchmarks/bench_depth_policy_replay.py,
+a model, not a measurement; docs/benchmarks.md, seventeenth session) put forgetting by draft ahead of both
+forgetting by step and weighting each step once (where a nearly empty step at the end of a run counted as
+much as a full one). A position no draft reaches keeps its estimate and its evidence until drafts reach it
+again: what tau ruled out stays out until a re-probe sees it accepted.
+Pure host arithmetic, no torch, no vLLM.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-DECAY = 0.99  # per step: half-life ~70 steps
+DECAY = 0.99  # per draft reaching the position: half-life ~70 drafts
 
 
 class AcceptanceEstimate:
@@ -27,21 +34,22 @@ class AcceptanceEstimate:
 
     def observe(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
         """One finished step: per request, tokens drafted and tokens the target accepted."""
-        d = self.decay
-        reached = [x * d for x in self._reached]
-        acc = [x * d for x in self._accepted]
+        reached, acc = [0] * self.depth, [0] * self.depth
         for n, a in zip(drafted, accepted):
             n = min(n, self.depth)
             for i in range(n):
-                reached[i] += 1.0
+                reached[i] += 1
             for i in range(min(a, n)):
-                acc[i] += 1.0
-        self._reached, self._accepted = reached, acc
+                acc[i] += 1
+        for i in range(self.depth):
+            f = self.decay ** reached[i]
+            self._reached[i] = self._reached[i] * f + reached[i]
+            self._accepted[i] = self._accepted[i] * f + acc[i]
 
     def rate(self, position: int) -> float | None:
         """Estimated acceptance at 1-based ``position``; None until a draft has reached it."""
         r = self._reached[position - 1]
-        return self._accepted[position - 1] / r if r > 1e-9 else None
+        return self._accepted[position - 1] / r if r > 1e-200 else None
 
     def evidence(self, position: int) -> float:
         """Drafts (decayed) that reached 1-based ``position``."""

@@ -18,6 +18,25 @@ def test_acceptance_is_the_unconditional_rate_per_position():
     # a shallower draft reaches fewer positions: position 3 keeps its ratio
     est.observe([2, 2], [2, 2])
     assert est.rate(1) == pytest.approx(5 / 6) and est.rate(3) == 0.25
+    assert est.evidence(1) == 6 and est.evidence(3) == 4
+
+
+def test_acceptance_forgets_by_draft_so_a_small_batch_phase_is_seen_after_a_large_batch_one():
+    """200 steps of 32 requests accepting every draft do not outweigh 70 steps of one request whose fourth
+    position is never accepted: the past halves every ~70 drafts, not every ~70 steps (decayed by step,
+    position 4 still read 0.96 here)."""
+    est = AcceptanceEstimate(4)
+    for _ in range(200):
+        est.observe([4] * 32, [4] * 32)
+    assert 100 < est.evidence(4) < 120   # ~100 drafts of memory at any batch size (32 / (1 - DECAY ** 32))
+    for _ in range(70):
+        est.observe([4], [3])
+    assert 0.45 < est.rate(4) < 0.55 and est.rate(3) == pytest.approx(1.0)
+    # a position no draft reaches keeps its estimate and its evidence (tau's rule stands until a re-probe)
+    rate, evidence = est.rate(4), est.evidence(4)
+    for _ in range(300):
+        est.observe([2], [0])
+    assert est.rate(4) == rate and est.evidence(4) == evidence and est.rate(1) < 0.1
 
 
 def test_acceptance_unknown_until_reached_and_decays_towards_new_traffic():
