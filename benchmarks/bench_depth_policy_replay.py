@@ -26,7 +26,6 @@ requests are left, so absolute tok/s run below the measured ones; ratios are wha
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import platform
 import random
@@ -37,8 +36,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+from _policy_at_commit import policy_at  # noqa: E402
+from launcher.bench.rounds import acceptance_label  # noqa: E402  (how the cost table names a profile)
 from radiance import features  # noqa: E402
 from radiance.draft import depth_policy  # noqa: E402
 
@@ -52,7 +53,7 @@ def cost_table(doc: dict) -> tuple[int, dict, list[list[float]], list[int], int]
     """(configured depth, {(profile, batch, depth): seconds per step}, profiles, batches, max_tokens)
     from a `radiance bench` result with stock and its stock/kN sets."""
     profiles = doc["acceptance"]["profiles"]
-    names = ["/".join(f"{r:g}" for r in p) for p in profiles]
+    names = [acceptance_label(p) for p in profiles]
     sets = {s["set"]: s for s in doc["sets"]}
     if "stock" not in sets:
         raise ValueError("no `stock` set")
@@ -154,27 +155,8 @@ def table(policy_cls, k, cost, profiles, batches, max_tokens, seeds) -> dict:
             c = cells.setdefault(cell, {"vs_best": [], "vs_stock": []})
             c["vs_best"].append(tok_s / best)
             c["vs_stock"].append(tok_s / fixed[k][cell])
-    names = ["/".join(f"{r:g}" for r in p) for p in profiles]
-    return {f"{names[p]} B={b}": {key: {"mean": round(statistics.mean(v), 3), "min": round(min(v), 3)}
+    return {f"{acceptance_label(profiles[p])} B={b}": {key: {"mean": round(statistics.mean(v), 3), "min": round(min(v), 3)}
                                    for key, v in c.items()} for (p, b), c in cells.items()}
-
-
-def _module_at(commit: str, name: str, package_globals: dict | None = None):
-    src = subprocess.run(["git", "show", f"{commit}:radiance/draft/{name}.py"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    spec = importlib.util.spec_from_loader(f"radiance.draft._{name}_{commit}", loader=None)
-    mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = "radiance.draft"
-    sys.modules[spec.name] = mod   # dataclasses look their module up
-    exec(compile(src, f"{commit}:{name}.py", "exec"), mod.__dict__)
-    mod.__dict__.update(package_globals or {})
-    return mod
-
-
-def policy_at(commit: str):
-    """The commit's DepthPolicy, on the commit's AcceptanceEstimate."""
-    acc = _module_at(commit, "acceptance")
-    return _module_at(commit, "depth_policy", {"AcceptanceEstimate": acc.AcceptanceEstimate}).DepthPolicy
 
 
 def main() -> int:

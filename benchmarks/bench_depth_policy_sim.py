@@ -12,7 +12,6 @@ read with git show), beside this tree's. No GPU: this is what the policy decides
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import platform
 import subprocess
@@ -21,8 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "radiance" / "draft")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests" / "radiance" / "draft")]
 
+from _policy_at_commit import draft_module_at  # noqa: E402  (its estimator stays this tree's)
 from radiance.draft import depth_policy  # noqa: E402
 from test_depth_policy import JitteryEngine, tokens_per_s  # noqa: E402
 
@@ -37,17 +37,6 @@ CASES = {
     "27B B=1 code-like": ({1: 0.0227, 2: 0.0237, 3: 0.0248, 4: 0.0258}, [0.908, 0.824, 0.748, 0.679]),
 }
 SIGMAS = (0.1, 0.3)
-
-
-def _policy_module_at(commit: str):
-    src = subprocess.run(["git", "show", f"{commit}:radiance/draft/depth_policy.py"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    spec = importlib.util.spec_from_loader(f"radiance.draft._depth_policy_{commit}", loader=None)
-    mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = "radiance.draft"   # its relative import of .acceptance resolves in this tree
-    sys.modules[spec.name] = mod         # dataclasses look their module up
-    exec(compile(src, f"{commit}:depth_policy.py", "exec"), mod.__dict__)
-    return mod
 
 
 def _efficiency(policy_cls, cost, rates, sigma, seed, steps=300):
@@ -80,7 +69,7 @@ def main() -> int:
            "steps": 300, "batch": 8, "cases": {k: {"cost_s": c, "rates": r} for k, (c, r) in CASES.items()},
            "this_tree": _table(depth_policy.DepthPolicy, a.seeds)}
     if a.baseline:
-        doc["baseline"] = {"commit": a.baseline, **_table(_policy_module_at(a.baseline).DepthPolicy, a.seeds)}
+        doc["baseline"] = {"commit": a.baseline, **_table(draft_module_at(a.baseline, "depth_policy").DepthPolicy, a.seeds)}
     for key, row in doc["this_tree"].items():
         base = doc.get("baseline", {}).get(key)
         was = f"   (baseline min {base['min']:.3f} mean {base['mean']:.3f})" if base else ""

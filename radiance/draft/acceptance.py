@@ -49,7 +49,7 @@ class AcceptanceEstimate:
     def rate(self, position: int) -> float | None:
         """Estimated acceptance at 1-based ``position``; None until a draft has reached it."""
         r = self._reached[position - 1]
-        return self._accepted[position - 1] / r if r > 1e-200 else None
+        return self._accepted[position - 1] / r if r > 0.0 else None   # once reached, never below 1
 
     def evidence(self, position: int) -> float:
         """Drafts (decayed) that reached 1-based ``position``."""
