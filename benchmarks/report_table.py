@@ -8,6 +8,10 @@ acceptance (launcher.bench.rounds.add_expected: the measured step time, the synt
 out), with the measured and the expected mean acceptance length. The figures are recomputed from each
 round's rows, so a report written before add_expected existed gets them too; a ``--keep-reference``
 report's from its pairs (each set against the reference measurement taken just before it).
+
+Where the report ran fixed depths (``stock`` and ``stock/kN``) beside dynamic-draft, a second table puts each
+dynamic-draft set against the best fixed depth of the same report, per acceptance profile and batch, with the
+depths it ran (steps at each, from its counters): issue 37's fourth point.
 """
 from __future__ import annotations
 
@@ -63,6 +67,48 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _depth_steps(row: dict) -> str:
+    steps = {int(k[len(rounds.DEPTH_STEPS):-1]): int(n) for k, n in (row.get("counters") or {}).items()
+             if k.startswith(rounds.DEPTH_STEPS) and n}
+    return ", ".join(f"{d}: {n}" for d, n in sorted(steps.items()))
+
+
+def _tok(row: dict) -> str:
+    sp = row.get("decode_tok_s_spread")
+    reps = row.get("decode_tok_s_repeats")
+    lo_hi = (sp["min"], sp["max"]) if sp else (min(reps), max(reps)) if reps else None
+    return f"{row['decode_tok_s']:.0f}" + (f" [{lo_hi[0]:.0f}-{lo_hi[1]:.0f}]" if lo_hi else "")
+
+
+def depth_table(report: dict) -> str | None:
+    """Each dynamic-draft set against every fixed depth the report ran and the best of them, per acceptance
+    profile and batch; None where the report has no dynamic-draft set or fewer than two fixed depths. The
+    spread is the rounds' where there were rounds, else the repeats' within the one engine."""
+    merged = [s for s in rederive(report) if "error" not in s]
+    fixed = {int(s["depth"]): s for s in merged if not s.get("features") and s.get("depth")}
+    dynamic = [s for s in merged if "dynamic_draft" in (s.get("features") or [])]
+    if not dynamic or len(fixed) < 2:
+        return None
+    depths = sorted(fixed)
+    stock = max(depths)   # what the profile configures; stock/kN only ever goes shallower
+    head = " | ".join(f"k{d}" + (" (stock)" if d == stock else "") for d in depths)
+    lines = [f"| set | acceptance | B | {head} | best fixed | dynamic-draft [spread] | vs best fixed | vs stock | "
+             "depths run (steps) |", "|---|---|---:|" + "---:|" * (len(depths) + 4) + "---|"]
+    rows = {d: {rounds.row_key(r): r for r in s["results"]} for d, s in fixed.items()}
+    for s in dynamic:
+        for r in s["results"]:
+            key = rounds.row_key(r)
+            tok = {d: rows[d][key]["decode_tok_s"] for d in depths if key in rows[d]}
+            if stock not in tok:
+                continue
+            best = max(tok, key=tok.get)
+            cells = " | ".join(f"{tok[d]:.0f}" if d in tok else "" for d in depths)
+            lines.append(f"| {s['set']} | {r.get('acceptance', '')} | {r['batch']} | {cells} | k{best} | {_tok(r)} | "
+                         f"{r['decode_tok_s'] / tok[best]:.2f} | {r['decode_tok_s'] / tok[stock]:.2f} | "
+                         f"{_depth_steps(r)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("report", type=Path)
@@ -71,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"<!-- {args.report.name}: {report.get('device')}, commit {report.get('commit')}, {report.get('date')}, "
           f"{report['options'].get('rounds_done')} rounds -->")
     print(markdown(report))
+    depths = depth_table(report)
+    if depths:
+        print()
+        print(depths)
     return 0
 
 
