@@ -19,8 +19,12 @@
 # profiles and the kernel-config arg. Estimated from the H100's figures: stock's cold start ~290 s, each set's
 # engine ~100 s, one measurement of 3 profiles x 3 batches ~40 s at --repeat 2 (~55 s at 3): ~1300 s after
 # staging. Fresh engines every round (the thirteenth session's protocol) take ~35 min for four sets: more
-# device time than a session has. With the flagship as a fifth set, --repeat 1 and the autotuning verdicts
-# carried (below; docs/benchmarks.md, eighteenth session): ~1150 s after staging.
+# device time than a session has. But at 0.47 a 27B-shaped engine holds ~22 requests at once, not B = 32
+# (docs/benchmarks.md, eighteenth session): the table runs with --take-turns instead of the 0.47 arg (the engine
+# not measured sleeps; each keeps the profile's 0.9, on an H100 too). With the flagship as a fifth set, --repeat
+# 1 and the autotuning verdicts carried (below): ~1200 s after staging:
+#   table-start COMMIT "stock,dynamic_draft+w4_drafter+int4_head,only-int4_head,only-w4_drafter,only-dynamic_draft"
+#     --keep-reference --take-turns --rounds 3 --repeat 1 + the three --acceptance profiles + the kernel-config arg
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"

@@ -52,6 +52,10 @@ class Options:
     # the first set (stock) loaded once and kept: each other set loaded once and measured against it,
     # reference and set alternating ``rounds`` times (two engines share the device: half its memory each)
     keep_reference: bool = False
+    # with keep_reference: the engine not being measured sleeps (vLLM's sleep mode, level 1), so each has the
+    # profile's whole memory budget while it runs (a 27B-shaped engine needs ~0.45 GiB of KV and GDN state per
+    # request: half an H200 holds ~22 at once, not B = 32)
+    take_turns: bool = False
 
 
 def runner_env(fs: plan.FeatureSet, platform: str) -> dict[str, str]:
@@ -85,6 +89,8 @@ def _engine(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
     server_args = cfg.server_args
     if seed_offset:  # from the profile's seed, or vLLM's default 0
         server_args = [*server_args, "--seed", str((_seed_of(server_args) or 0) + seed_offset)]
+    if opts.take_turns:
+        server_args = [*server_args, "--enable-sleep-mode"]
     if opts.acceptance:
         server_args = rounds.with_synthetic_acceptance(server_args, opts.acceptance[0])
         if len(opts.acceptance) > 1:
@@ -187,20 +193,34 @@ class Resident:
         """Blocks until the engine is up; False (and ``error`` set) when it failed or timed out."""
         return self.error is None and self._await(self.out.parent / "ready", "start")
 
-    def measure(self, lossless: bool) -> dict:
-        """One measurement (every acceptance profile, every batch), its result annotated like run_set's."""
+    def _ask(self, cmd: dict, what: str) -> dict | None:
+        """One command to the worker and its answer (None, with ``error`` set, when none came)."""
         if not self.wait_ready():
-            return _annotate({"set": self.e.fs.name, "error": self.error}, self.e)
+            return None
         self.n += 1
         path = self.out.parent / f"{self.out.name}.{self.n}"
         try:
-            self.proc.stdin.write((json.dumps({"n": self.n, "lossless": lossless}) + "\n").encode())
+            self.proc.stdin.write((json.dumps({**cmd, "n": self.n}) + "\n").encode())
             self.proc.stdin.flush()
         except OSError:
             pass  # a worker gone: _await says so
-        if not self._await(path, f"result (measurement {self.n})"):
-            return _annotate({"set": self.e.fs.name, "error": self.error}, self.e)
-        return _annotate(json.loads(path.read_text()), self.e)
+        if not self._await(path, f"{what} ({self.n})"):
+            return None
+        return json.loads(path.read_text())
+
+    def measure(self, lossless: bool) -> dict:
+        """One measurement (every acceptance profile, every batch), its result annotated like run_set's."""
+        result = self._ask({"lossless": lossless}, "result of a measurement")
+        return _annotate(result if result is not None else {"set": self.e.fs.name, "error": self.error}, self.e)
+
+    def turn(self, op: str) -> float | None:
+        """``sleep`` (weights to host memory, KV cache dropped) or ``wake``; the seconds it took, or None
+        (``error`` set) where it failed."""
+        answer = self._ask({"op": op}, op)
+        if answer is not None and "error" in answer:
+            self.error = f"{op}: {answer['error']}"
+            return None
+        return None if answer is None else float(answer.get("s", 0.0))
 
     def close(self) -> None:
         try:
@@ -228,10 +248,13 @@ def bench_beside_reference(profile: Profile, profile_path: str, platform: str, s
     started = dt.datetime.now(dt.timezone.utc)
     pairs: dict[str, list[list[dict]]] = {fs.name: [] for fs in sets[1:]}
     report = lambda: _report_pairs(profile, profile_path, platform, opts, commit, started, sets, pairs)
-    console.info(f"radiance bench: reference {sets[0].name} started once and kept; engine log {log_dir}")
+    console.info(f"radiance bench: reference {sets[0].name} started once and kept; engine log {log_dir}"
+                 + ("; the engine not measured sleeps" if opts.take_turns else ""))
     ref = Resident(sets[0], profile, platform, opts, log_dir)
     first_ref = True
     try:
+        if opts.take_turns and ref.turn("sleep") is None:   # the next engine starts with the device to itself
+            return _failed_reference(ref, report, pairs, sets)
         for i, fs in enumerate(sets[1:], 1):
             console.info(f"radiance bench: set {fs.name} ({i}/{len(sets) - 1}) beside {sets[0].name}: features "
                          f"{'+'.join(fs.features) or 'none'}, runner {fs.runner}, {opts.rounds} pair(s)")
@@ -240,9 +263,12 @@ def bench_beside_reference(profile: Profile, profile_path: str, platform: str, s
                 for n in range(opts.rounds):
                     # the reference is not measured while the set's engine loads: both are up first
                     eng.wait_ready()
-                    a = ref.measure(lossless=first_ref)
+                    if opts.take_turns:
+                        a, b = _pair_taking_turns(ref, eng, lossless=(first_ref, n == 0))
+                    else:
+                        a = ref.measure(lossless=first_ref)
+                        b = eng.measure(lossless=n == 0)
                     first_ref = False
-                    b = eng.measure(lossless=n == 0)
                     compare([a, b])
                     pairs[fs.name].append([a, b])
                     for r in (a, b):
@@ -256,6 +282,35 @@ def bench_beside_reference(profile: Profile, profile_path: str, platform: str, s
                 eng.close()
     finally:
         ref.close()
+    return report()
+
+
+def _pair_taking_turns(ref: "Resident", eng: "Resident", lossless: tuple[bool, bool]) -> tuple[dict, dict]:
+    """One pair where only the engine measured is awake: the set sleeps, the reference wakes, is measured and
+    sleeps again, then the set wakes and is measured (it stays awake until the next pair or its close). A turn
+    that fails is the error of both entries it leaves unmeasured."""
+    def failed(who: "Resident", why: "Resident") -> dict:
+        return _annotate({"set": who.e.fs.name, "error": why.error}, who.e)
+
+    if eng.turn("sleep") is None:
+        return failed(ref, eng), failed(eng, eng)
+    if ref.turn("wake") is None:
+        return failed(ref, ref), failed(eng, ref)
+    a = ref.measure(lossless=lossless[0])
+    if ref.turn("sleep") is None:
+        return a, failed(eng, ref)
+    if eng.turn("wake") is None:
+        return a, failed(eng, eng)
+    return a, eng.measure(lossless=lossless[1])
+
+
+def _failed_reference(ref: "Resident", report, pairs: dict, sets: list[plan.FeatureSet]) -> dict:
+    """The reference could not be put to sleep (vLLM's sleep mode missing or refused): every set is reported
+    with that error, none is started."""
+    err = _annotate({"set": sets[0].name, "error": ref.error}, ref.e)
+    console.warn(f"set {sets[0].name}: {ref.error} (log: {err['log']})")
+    for fs in sets[1:]:
+        pairs[fs.name].append([err, {"set": fs.name, "error": "not started: the reference could not sleep"}])
     return report()
 
 
@@ -360,7 +415,8 @@ def _header(profile: Profile, profile_path: str, platform: str, opts: Options, c
         "torch": next((r.get("torch") for r in results if r.get("torch")), None),
         "options": {"batches": opts.batches, "max_tokens": opts.max_tokens, "prompt_tokens": opts.prompt_tokens,
                     "repeat": opts.repeat, "lossless_batches": opts.lossless_batches, "eps": opts.eps,
-                    "rounds": opts.rounds, "rounds_done": rounds_done, "keep_reference": opts.keep_reference},
+                    "rounds": opts.rounds, "rounds_done": rounds_done, "keep_reference": opts.keep_reference,
+                    "take_turns": opts.take_turns},
         # dummy weights accept nothing: with synthetic rates every throughput here is at those rates
         # each row names its profile ("acceptance"); padding past a dynamic depth is never accepted there
         "acceptance": ({"kind": "synthetic", "rates": opts.acceptance[0], "profiles": opts.acceptance}

@@ -170,10 +170,33 @@ def run(job: dict) -> dict:
     return result
 
 
+TURNS = ("sleep", "wake")
+
+
+def turn(llm, op: str) -> dict:
+    """``--take-turns``: put the engine to sleep (vLLM's level 1: weights copied to host memory, the KV cache
+    and GDN state dropped; the CUDA graphs stay, since the memory comes back at the same addresses) or wake it.
+    The prefix cache is reset after waking: the blocks it names were dropped. {"s": seconds} or {"error": ...}."""
+    t = time.perf_counter()
+    try:
+        if op == "sleep":
+            llm.sleep(level=1)
+        else:
+            if llm.wake_up() is False:   # vLLM: some of its memory is still asleep
+                return {"error": "vLLM's wake_up left the engine partly asleep"}
+            llm.reset_prefix_cache()
+    except Exception as exc:
+        traceback.print_exc()
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    s = round(time.perf_counter() - t, 2)
+    print(f"radiance bench: {op} took {s} s", file=sys.stderr, flush=True)
+    return {"s": s}
+
+
 def serve(job: dict, out: Path) -> int:
     """The engine kept loaded (``--keep-reference``): ``ready`` beside RESULT once it is up (or RESULT with
-    the error), then one measurement per line read from stdin (``{"n": N, "lossless": bool}``), each into
-    RESULT.N, until stdin closes. The driver times another engine between two measurements."""
+    the error), then one command per line read from stdin, each answered into RESULT.N, until stdin closes: a
+    measurement (``{"n": N, "lossless": bool}``) or, under ``--take-turns``, ``{"n": N, "op": "sleep"|"wake"}``. The driver times another engine between two measurements."""
     try:
         llm, base = start(job)
     except Exception as exc:
@@ -184,13 +207,16 @@ def serve(job: dict, out: Path) -> int:
     rates_now = (job.get("acceptance") or [None])[0]
     for line in sys.stdin:
         cmd = json.loads(line)
-        result = {**base, "results": []}
-        try:
-            rates_now = measure(llm, job, result, job.get("lossless_batches", []) if cmd.get("lossless") else [],
-                                rates_now)
-        except Exception as exc:
-            traceback.print_exc()
-            result = {"set": job.get("set"), "error": f"{type(exc).__name__}: {exc}"}
+        if cmd.get("op") in TURNS:
+            result = turn(llm, cmd["op"])
+        else:
+            result = {**base, "results": []}
+            try:
+                rates_now = measure(llm, job, result, job.get("lossless_batches", []) if cmd.get("lossless") else [],
+                                    rates_now)
+            except Exception as exc:
+                traceback.print_exc()
+                result = {"set": job.get("set"), "error": f"{type(exc).__name__}: {exc}"}
         tmp = out.parent / f"{out.name}.{cmd['n']}.tmp"
         tmp.write_text(json.dumps(result, indent=1))
         tmp.rename(out.parent / f"{out.name}.{cmd['n']}")  # whole or absent: the driver polls for it

@@ -129,13 +129,16 @@ def _table(report: dict) -> None:
 TWO_ENGINE_UTILIZATION = 0.47
 
 
-def _check_keep_reference(profile, profile_path: str, sets, platform: str) -> None:
+def _check_keep_reference(profile, profile_path: str, sets, platform: str, take_turns: bool) -> None:
     if len(sets) < 2 or sets[0].plugin or sets[0].depth is not None:
         raise errors.UsageError(f"--keep-reference: the first of --sets is the reference and must be stock or "
                                 f"stock@v2, followed by the sets to measure beside it (got "
                                 f"{', '.join(s.name for s in sets)}) — fix: e.g. --sets stock@v2,only-int4_head")
-    if platform == platforms.CPU.name:
-        return
+    if take_turns and platform not in (platforms.CUDA.name, platforms.ROCM.name):
+        raise errors.UsageError(f"--take-turns: vLLM's sleep mode needs a CUDA or ROCm GPU, not the {platform} "
+                                "platform — fix: leave --take-turns out")
+    if platform == platforms.CPU.name or take_turns:
+        return   # a sleeping engine leaves the device to the one measured: the profile's budget stands
     util = float(profile.vllm_args.get("gpu-memory-utilization") or 0.9)
     if util > TWO_ENGINE_UTILIZATION:
         raise errors.UsageError(f"--keep-reference: {profile_path}: vllm_args.gpu-memory-utilization {util:g} "
@@ -165,6 +168,11 @@ def _check_keep_reference(profile, profile_path: str, sets, platform: str) -> No
               help="Start the first set (stock) once and keep it loaded; start each other set once beside it and "
                    "alternate the two --rounds times (stock, set, stock, set, ...). One engine start per set "
                    "instead of one per set per round; on a GPU both engines share it (gpu-memory-utilization <= 0.47).")
+@click.option("--take-turns", is_flag=True,
+              help="With --keep-reference, on a GPU: the engine not being measured sleeps (vLLM's sleep mode: its "
+                   "weights wait in host memory, its KV cache is dropped), so each engine runs with the profile's "
+                   "own gpu-memory-utilization. Both engines are started with --enable-sleep-mode; the report "
+                   "says so.")
 @click.option("--acceptance", "acceptance_raw", multiple=True, metavar="synthetic:R1,R2,...",
               help="vLLM's synthetic rejection sampling at these per-position (unconditional) acceptance rates, "
                    "for dummy-weight profiles, whose drafts are otherwise never accepted; the report says so. "
@@ -191,7 +199,7 @@ def _check_keep_reference(profile, profile_path: str, sets, platform: str) -> No
                    "recorded in the report.")
 @JSON_OPT
 def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens: int, prompt_tokens: int,
-            repeat: int, rounds: int, keep_reference: bool, acceptance_raw: tuple[str, ...], lossless_raw: str,
+            repeat: int, rounds: int, keep_reference: bool, take_turns: bool, acceptance_raw: tuple[str, ...], lossless_raw: str,
             allow_inconclusive: bool,
             eps: float | None, platform: str, commit: str | None,
             out_path: str | None, engine_env: tuple[str, ...], vllm_arg: tuple[str, ...], as_json: bool) -> None:
@@ -237,15 +245,18 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
         raise errors.UsageError("--acceptance: vLLM's synthetic rejection sampling runs on GPUs only, not on "
                                 "the cpu platform — fix: leave --acceptance out on CPU")
     sets = plan.parse(sets_spec or plan.default_sets(profile, platform), profile, platform)
+    if take_turns and not keep_reference:
+        raise errors.UsageError("--take-turns: only with --keep-reference (two engines kept loaded take turns on "
+                                "the device) — fix: add --keep-reference, or leave --take-turns out")
     if keep_reference:
-        _check_keep_reference(profile, profile_path, sets, platform)
+        _check_keep_reference(profile, profile_path, sets, platform, take_turns)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(out_path) if out_path else paths.reports_dir() / f"bench-{profile.name}-{stamp}.json"
     opts = run.Options(batches=batches, max_tokens=max_tokens, prompt_tokens=prompt_tokens, repeat=repeat,
                        lossless_batches=[b for b in lossless_batches if b in batches],
                        eps=DEFAULT_EPS if eps is None else eps, engine_env=_engine_env(engine_env),
                        timeout_s=profile.runtime.startup_timeout_s + 1200, acceptance=acceptance, rounds=rounds,
-                       keep_reference=keep_reference)
+                       keep_reference=keep_reference, take_turns=take_turns)
     out.parent.mkdir(parents=True, exist_ok=True)
     # A bench stopped by SIGTERM (a CI timeout, `timeout`) unwinds like ^C, so the running set's engine is
     # stopped with it instead of running on in its own session.
