@@ -288,19 +288,19 @@ def bench_beside_reference(profile: Profile, profile_path: str, platform: str, s
 def _pair_taking_turns(ref: "Resident", eng: "Resident", lossless: tuple[bool, bool]) -> tuple[dict, dict]:
     """One pair where only the engine measured is awake: the set sleeps, the reference wakes, is measured and
     sleeps again, then the set wakes and is measured (it stays awake until the next pair or its close). A turn
-    that fails is the error of both entries it leaves unmeasured."""
-    def failed(who: "Resident", why: "Resident") -> dict:
-        return _annotate({"set": who.e.fs.name, "error": why.error}, who.e)
+    that fails is the error of the entries it leaves unmeasured."""
+    def failed(who: "Resident", why: str) -> dict:
+        return _annotate({"set": who.e.fs.name, "error": why}, who.e)
 
     if eng.turn("sleep") is None:
-        return failed(ref, eng), failed(eng, eng)
+        return failed(ref, f"not measured: {eng.e.fs.name} could not sleep"), failed(eng, eng.error)
     if ref.turn("wake") is None:
-        return failed(ref, ref), failed(eng, ref)
+        return failed(ref, ref.error), failed(eng, f"not measured: {ref.e.fs.name} could not wake")
     a = ref.measure(lossless=lossless[0])
     if ref.turn("sleep") is None:
-        return a, failed(eng, ref)
+        return a, failed(eng, f"not measured: {ref.e.fs.name} could not sleep ({ref.error})")
     if eng.turn("wake") is None:
-        return a, failed(eng, eng)
+        return a, failed(eng, eng.error)
     return a, eng.measure(lossless=lossless[1])
 
 
