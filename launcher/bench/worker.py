@@ -196,7 +196,8 @@ def turn(llm, op: str) -> dict:
 def serve(job: dict, out: Path) -> int:
     """The engine kept loaded (``--keep-reference``): ``ready`` beside RESULT once it is up (or RESULT with
     the error), then one command per line read from stdin, each answered into RESULT.N, until stdin closes: a
-    measurement (``{"n": N, "lossless": bool}``) or, under ``--take-turns``, ``{"n": N, "op": "sleep"|"wake"}``. The driver times another engine between two measurements."""
+    measurement (``{"n": N, "lossless": bool}``) or, under ``--take-turns``, ``{"n": N, "op": "sleep"|"wake"}``.
+    The driver times another engine between two measurements."""
     try:
         llm, base = start(job)
     except Exception as exc:

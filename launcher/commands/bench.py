@@ -199,8 +199,8 @@ def _check_keep_reference(profile, profile_path: str, sets, platform: str, take_
                    "recorded in the report.")
 @JSON_OPT
 def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens: int, prompt_tokens: int,
-            repeat: int, rounds: int, keep_reference: bool, take_turns: bool, acceptance_raw: tuple[str, ...], lossless_raw: str,
-            allow_inconclusive: bool,
+            repeat: int, rounds: int, keep_reference: bool, take_turns: bool, acceptance_raw: tuple[str, ...],
+            lossless_raw: str, allow_inconclusive: bool,
             eps: float | None, platform: str, commit: str | None,
             out_path: str | None, engine_env: tuple[str, ...], vllm_arg: tuple[str, ...], as_json: bool) -> None:
     """Run PROFILE's model stock and with its feature sets, at each batch size, through vLLM's offline
