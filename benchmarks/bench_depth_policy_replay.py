@@ -155,8 +155,9 @@ def table(policy_cls, k, cost, profiles, batches, max_tokens, seeds) -> dict:
             c = cells.setdefault(cell, {"vs_best": [], "vs_stock": []})
             c["vs_best"].append(tok_s / best)
             c["vs_stock"].append(tok_s / fixed[k][cell])
-    return {f"{acceptance_label(profiles[p])} B={b}": {key: {"mean": round(statistics.mean(v), 3), "min": round(min(v), 3)}
-                                   for key, v in c.items()} for (p, b), c in cells.items()}
+    return {f"{acceptance_label(profiles[p])} B={b}": {key: {"mean": round(statistics.mean(v), 3),
+                                                             "min": round(min(v), 3)} for key, v in c.items()}
+            for (p, b), c in cells.items()}
 
 
 def main() -> int:

@@ -69,7 +69,8 @@ def main() -> int:
            "steps": 300, "batch": 8, "cases": {k: {"cost_s": c, "rates": r} for k, (c, r) in CASES.items()},
            "this_tree": _table(depth_policy.DepthPolicy, a.seeds)}
     if a.baseline:
-        doc["baseline"] = {"commit": a.baseline, **_table(draft_module_at(a.baseline, "depth_policy").DepthPolicy, a.seeds)}
+        baseline = draft_module_at(a.baseline, "depth_policy").DepthPolicy
+        doc["baseline"] = {"commit": a.baseline, **_table(baseline, a.seeds)}
     for key, row in doc["this_tree"].items():
         base = doc.get("baseline", {}).get(key)
         was = f"   (baseline min {base['min']:.3f} mean {base['mean']:.3f})" if base else ""

@@ -68,9 +68,7 @@ def markdown(report: dict) -> str:
 
 
 def _depth_steps(row: dict) -> str:
-    steps = {int(k[len(rounds.DEPTH_STEPS):-1]): int(n) for k, n in (row.get("counters") or {}).items()
-             if k.startswith(rounds.DEPTH_STEPS) and n}
-    return ", ".join(f"{d}: {n}" for d, n in sorted(steps.items()))
+    return ", ".join(f"{d}: {n:.0f}" for d, n in sorted(rounds.depth_steps(row.get("counters")).items()))
 
 
 def _tok(row: dict) -> str:

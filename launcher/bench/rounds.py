@@ -61,11 +61,16 @@ def with_synthetic_acceptance(server_args: list[str], rates: list[float]) -> lis
 DEPTH_STEPS = "radiance:draft_depth_steps_total{depth="
 
 
+def depth_steps(counters: dict | None) -> dict[int, float]:
+    """The steps dynamic-draft ran at each depth, from a row's counters (empty where it chose none)."""
+    return {int(k[len(DEPTH_STEPS):-1]): n for k, n in (counters or {}).items() if k.startswith(DEPTH_STEPS) and n}
+
+
 def expected_length(rates: list[float], depth: int, counters: dict | None = None) -> float:
     """Tokens a request gains per step on average under unconditional per-position ``rates``: 1 + the rates
     of the positions drafted, at the profile's depth or, where dynamic-draft chose each step's depth, over
     the steps it ran at each (its counters)."""
-    steps = {int(k[len(DEPTH_STEPS):-1]): n for k, n in (counters or {}).items() if k.startswith(DEPTH_STEPS) and n}
+    steps = depth_steps(counters)
     if not steps:
         steps = {depth: 1.0}
     return sum(n * (1.0 + sum(rates[:d])) for d, n in steps.items()) / sum(steps.values())
