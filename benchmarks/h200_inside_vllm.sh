@@ -11,20 +11,19 @@
 # carries the tracked tree, ~34 MiB): `git rm -r -q --cached . && echo '*' >> .git/info/exclude`, then
 # `python3 ../shared/gpu/stage.py --out .gpu/s` (61 MiB pieces: 21 instead of 48, ~4.5 s a call), and
 # `git reset -q` + the old exclude file before the run calls. The files stay on disk throughout.
-# Issue 37's next table (docs/benchmarks.md, thirteenth and fourteenth sessions), on an H200 only: every set on
-# the runner `radiance up` gives it (a set without @v1/@v2: V2, dynamic-draft included since 23026bb), stock kept
-# loaded beside each set (two 27B bf16 engines need ~130 GB; --keep-reference first ran on a GPU in the
-# fourteenth session, tiny model): table-start with "stock,only-int4_head,only-w4_drafter,only-dynamic_draft"
-# --keep-reference --rounds 3 --repeat 2 --vllm-arg gpu-memory-utilization=0.47, the three --acceptance
-# profiles and the kernel-config arg. Estimated from the H100's figures: stock's cold start ~290 s, each set's
-# engine ~100 s, one measurement of 3 profiles x 3 batches ~40 s at --repeat 2 (~55 s at 3): ~1300 s after
-# staging. Fresh engines every round (the thirteenth session's protocol) take ~35 min for four sets: more
-# device time than a session has. But at 0.47 a 27B-shaped engine holds ~22 requests at once, not B = 32
-# (docs/benchmarks.md, eighteenth session): the table runs with --take-turns instead of the 0.47 arg (the engine
-# not measured sleeps; each keeps the profile's 0.9, on an H100 too). With the flagship as a fifth set, --repeat
-# 1 and the autotuning verdicts carried (below): ~1200 s after staging:
-#   table-start COMMIT "stock,dynamic_draft+w4_drafter+int4_head,only-int4_head,only-w4_drafter,only-dynamic_draft"
-#     --keep-reference --take-turns --rounds 3 --repeat 1 + the three --acceptance profiles + the kernel-config arg
+# Issue 37's next table (docs/benchmarks.md, thirteenth to nineteenth sessions): every set on the runner
+# `radiance up` gives it (V2), each 27B-shaped engine started once and kept, all asleep but the one measured
+# (--keep-reference --take-turns: vLLM's sleep mode at level 2, the dummy weights drawn again on waking), at the
+# profile's 0.9: at 0.47 beside stock an engine holds ~22 requests, not B = 32 (eighteenth session), and level 1
+# parks 51 GiB of weights an engine in host memory, which killed the second engine on this 125 GiB host
+# (nineteenth session). A sleeping engine keeps ~1.7 GiB of the device (its context, what vLLM allocates outside
+# its sleep pool): four engines leave the last one ~2 GiB above its 0.9 on an H100; five only ~0.5 GiB, so on an
+# H100 the table is stock and the three features alone (int4-head alone is also the flagship as shipped), and
+# an H200 takes the combined set as a fifth. With the autotuning verdicts carried (below): stock ~140 s, each
+# set ~100 s, a measurement of 3 profiles x 3 batches ~40 s, a switch a few seconds (not yet measured): ~1050 s
+# after staging for four engines and three rounds:
+#   table-start COMMIT "stock,only-int4_head,only-dynamic_draft,only-w4_drafter" --keep-reference --take-turns
+#     --rounds 3 --repeat 1 + the three --acceptance profiles + the kernel-config arg   (carry .gpu/proj .gpu/cache)
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"

@@ -30,7 +30,7 @@ def rederive(report: dict) -> list[dict]:
     """The report's sets merged again from their rounds, with the expected-acceptance figures."""
     sets = report["sets"]
     if report["options"].get("keep_reference"):
-        pairs = run.split_pairs(copy.deepcopy(sets))
+        pairs = run.split_pairs(copy.deepcopy(sets), shared_reference=bool(report["options"].get("take_turns")))
         for pair in (p for ps in pairs.values() for p in ps):
             for s in pair:
                 rounds.add_expected(s)
@@ -61,7 +61,8 @@ def markdown(report: dict) -> str:
             tok = f"{r['decode_tok_s']:.0f}" + (f" [{sp['min']:.0f}-{sp['max']:.0f}]" if sp else "")
             acc = r.get("mean_acceptance_length")
             exp = r.get("expected_acceptance_length")
-            lines.append(f"| {name} | {r.get('acceptance', '')} | {r['batch']} | {tok} | {rounds.ratio_cell(r, 'vs_stock', '')} | "
+            lines.append(f"| {name} | {r.get('acceptance', '')} | {r['batch']} | {tok} | "
+                         f"{rounds.ratio_cell(r, 'vs_stock', '')} | "
                          f"{rounds.ratio_cell(r, 'vs_stock_expected', '')} | {r['ms_per_step']:.2f} | "
                          f"{acc if acc is not None else ''}{f' ({exp})' if exp is not None else ''} |")
     return "\n".join(lines)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def stat_fields(pid: int) -> list[str] | None:
@@ -55,6 +56,20 @@ def group_members(pgid: int) -> dict[int, str]:
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if entry.isdigit() and (fields := stat_fields(int(entry))) and int(fields[2]) == pgid:
             out[int(entry)] = fields[0]
+    return out
+
+
+def named_members(pgid: int, prefix: str) -> dict[int, int]:
+    """{pid: start time} of the live processes in group ``pgid`` whose name (/proc/PID/comm) starts with
+    ``prefix``: vLLM names its engine core and workers ``VLLM::...``."""
+    out = {}
+    for pid, state in group_members(pgid).items():
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if state not in ("Z", "X") and name.startswith(prefix) and (t := start_time(pid)) is not None:
+            out[pid] = t
     return out
 
 

@@ -20,7 +20,7 @@ from .. import console, engine_args, paths, procs
 from ..profile import Profile
 from ..runtime.base import EngineHandle
 from ..runtime.local import LocalEngine
-from . import plan, rounds, synthetic_rates
+from . import plan, rounds, worker_extension
 from .lossless import DEFAULT_EPS
 
 
@@ -52,9 +52,10 @@ class Options:
     # the first set (stock) loaded once and kept: each other set loaded once and measured against it,
     # reference and set alternating ``rounds`` times (two engines share the device: half its memory each)
     keep_reference: bool = False
-    # with keep_reference: the engine not being measured sleeps (vLLM's sleep mode, level 1), so each has the
-    # profile's whole memory budget while it runs (a 27B-shaped engine needs ~0.45 GiB of KV and GDN state per
-    # request: half an H200 holds ~22 at once, not B = 32)
+    # with keep_reference: every set's engine kept, all asleep (vLLM's sleep mode, level 2; dummy weights,
+    # drawn again on waking) but the one measured, so each has the profile's whole memory budget while it runs
+    # (a 27B-shaped engine needs ~0.45 GiB of KV and GDN state per request: half an H200 holds ~22 at once,
+    # not B = 32); rounds of stock and every set (bench_taking_turns)
     take_turns: bool = False
 
 
@@ -93,8 +94,8 @@ def _engine(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
         server_args = [*server_args, "--enable-sleep-mode"]
     if opts.acceptance:
         server_args = rounds.with_synthetic_acceptance(server_args, opts.acceptance[0])
-        if len(opts.acceptance) > 1:
-            server_args = synthetic_rates.with_extension(server_args)
+    if opts.take_turns or (opts.acceptance and len(opts.acceptance) > 1):
+        server_args = worker_extension.with_extension(server_args)
     env = dict(os.environ)
     env.update(engine_env(fs, cfg.env, platform))
     env.update(opts.engine_env)
@@ -161,6 +162,15 @@ def run_set(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
     return _annotate(result, e)
 
 
+# how long a sleep or a wake may take before the engine counts as gone (level 2 takes seconds; the level-1
+# sleep of a 27B engine, 51 GiB to host memory, took 40 s)
+TURN_TIMEOUT_S = 300.0
+# what vLLM names the processes that hold an engine (its engine core, its workers): one that dies while its
+# worker waits on it leaves that worker waiting for good (the nineteenth session's engine core, killed by the
+# host's OOM killer mid-sleep, held its bench for 11 minutes)
+ENGINE_PROCESS_PREFIX = "VLLM::"
+
+
 class Resident:
     """One set's engine kept loaded between measurements (``--keep-reference``): started once, then measured
     on request, so that another engine can be timed between two of its measurements."""
@@ -176,14 +186,27 @@ class Resident:
         self.proc = _spawn(self.e, tmp / "job.json", self.out, self._log, stdin=subprocess.PIPE)
         self.n = 0
         self.error: str | None = None
+        self._engine_procs: dict[int, int] | None = None   # {pid: start time}, once the engine is up
 
-    def _await(self, path: Path, what: str) -> bool:
-        """Blocks until the worker writes ``path``; False (and ``error`` set) when it died or timed out."""
+    def _engine_gone(self) -> str | None:
+        """The engine process that died since the engine came up, if one did."""
+        for pid, started in (self._engine_procs or {}).items():
+            if not procs.alive(pid, started):
+                return f"the engine process {pid} ({ENGINE_PROCESS_PREFIX}...) exited"
+        return None
+
+    def _await(self, path: Path, what: str, timeout_s: float | None = None) -> bool:
+        """Blocks until the worker writes ``path``; False (and ``error`` set) when it or its engine died, or
+        it timed out."""
         t0 = time.monotonic()
+        limit = self.opts.timeout_s if timeout_s is None else timeout_s
         while not path.exists():
-            if self.proc.poll() is not None or time.monotonic() - t0 > self.opts.timeout_s:
+            gone = self._engine_gone()
+            if self.proc.poll() is not None or gone or time.monotonic() - t0 > limit:
                 # a worker that failed to start says why in RESULT
                 self.error = (json.loads(self.out.read_text())["error"] if self.out.exists() else
+                              f"{gone} while the bench waited for {what} (killed for memory? the host's kernel "
+                              f"log says)" if gone else
                               f"engine gone or no {what} after {time.monotonic() - t0:.0f} s")
                 return False
             time.sleep(0.2)
@@ -191,9 +214,13 @@ class Resident:
 
     def wait_ready(self) -> bool:
         """Blocks until the engine is up; False (and ``error`` set) when it failed or timed out."""
-        return self.error is None and self._await(self.out.parent / "ready", "start")
+        if self.error is not None or not self._await(self.out.parent / "ready", "start"):
+            return False
+        if self._engine_procs is None:
+            self._engine_procs = procs.named_members(self.proc.pid, ENGINE_PROCESS_PREFIX)
+        return True
 
-    def _ask(self, cmd: dict, what: str) -> dict | None:
+    def _ask(self, cmd: dict, what: str, timeout_s: float | None = None) -> dict | None:
         """One command to the worker and its answer (None, with ``error`` set, when none came)."""
         if not self.wait_ready():
             return None
@@ -204,7 +231,7 @@ class Resident:
             self.proc.stdin.flush()
         except OSError:
             pass  # a worker gone: _await says so
-        if not self._await(path, f"{what} ({self.n})"):
+        if not self._await(path, f"{what} ({self.n})", timeout_s):
             return None
         return json.loads(path.read_text())
 
@@ -214,15 +241,17 @@ class Resident:
         return _annotate(result if result is not None else {"set": self.e.fs.name, "error": self.error}, self.e)
 
     def turn(self, op: str) -> float | None:
-        """``sleep`` (weights to host memory, KV cache dropped) or ``wake``; the seconds it took, or None
-        (``error`` set) where it failed."""
-        answer = self._ask({"op": op}, op)
+        """``sleep`` (vLLM's level 2: weights and KV cache dropped) or ``wake`` (weights drawn again, worker.turn);
+        the seconds it took, or None (``error`` set) where it failed."""
+        answer = self._ask({"op": op}, op, min(self.opts.timeout_s, TURN_TIMEOUT_S))
         if answer is not None and "error" in answer:
             self.error = f"{op}: {answer['error']}"
             return None
         return None if answer is None else float(answer.get("s", 0.0))
 
     def close(self) -> None:
+        if self._log.closed:   # closed already (a set dropped with its error)
+            return
         try:
             self.proc.stdin.close()
         except OSError:
@@ -234,6 +263,8 @@ class Resident:
 
 def bench(profile: Profile, profile_path: str, platform: str, sets: list[plan.FeatureSet], opts: Options,
           commit: str, log_dir: Path, on_set=None) -> dict:
+    if opts.keep_reference and opts.take_turns:
+        return bench_taking_turns(profile, profile_path, platform, sets, opts, commit, log_dir, on_set)
     if opts.keep_reference:
         return bench_beside_reference(profile, profile_path, platform, sets, opts, commit, log_dir, on_set)
     return bench_fresh(profile, profile_path, platform, sets, opts, commit, log_dir, on_set)
@@ -248,13 +279,10 @@ def bench_beside_reference(profile: Profile, profile_path: str, platform: str, s
     started = dt.datetime.now(dt.timezone.utc)
     pairs: dict[str, list[list[dict]]] = {fs.name: [] for fs in sets[1:]}
     report = lambda: _report_pairs(profile, profile_path, platform, opts, commit, started, sets, pairs)
-    console.info(f"radiance bench: reference {sets[0].name} started once and kept; engine log {log_dir}"
-                 + ("; the engine not measured sleeps" if opts.take_turns else ""))
+    console.info(f"radiance bench: reference {sets[0].name} started once and kept; engine log {log_dir}")
     ref = Resident(sets[0], profile, platform, opts, log_dir)
     first_ref = True
     try:
-        if opts.take_turns and ref.turn("sleep") is None:   # the next engine starts with the device to itself
-            return _failed_reference(ref, report, pairs, sets)
         for i, fs in enumerate(sets[1:], 1):
             console.info(f"radiance bench: set {fs.name} ({i}/{len(sets) - 1}) beside {sets[0].name}: features "
                          f"{'+'.join(fs.features) or 'none'}, runner {fs.runner}, {opts.rounds} pair(s)")
@@ -263,17 +291,10 @@ def bench_beside_reference(profile: Profile, profile_path: str, platform: str, s
                 for n in range(opts.rounds):
                     # the reference is not measured while the set's engine loads: both are up first
                     eng.wait_ready()
-                    if opts.take_turns:
-                        a, b = _pair_taking_turns(ref, eng, lossless=(first_ref, n == 0))
-                    else:
-                        a = ref.measure(lossless=first_ref)
-                        b = eng.measure(lossless=n == 0)
+                    a = ref.measure(lossless=first_ref)
+                    b = eng.measure(lossless=n == 0)
                     first_ref = False
-                    compare([a, b])
-                    pairs[fs.name].append([a, b])
-                    for r in (a, b):
-                        if "error" in r:
-                            console.warn(f"set {r['set']}: {r['error']} (log: {r['log']})")
+                    _record(pairs, fs.name, a, b)
                     if on_set is not None:
                         on_set(report())
                     if "error" in b:
@@ -285,43 +306,102 @@ def bench_beside_reference(profile: Profile, profile_path: str, platform: str, s
     return report()
 
 
-def _pair_taking_turns(ref: "Resident", eng: "Resident", lossless: tuple[bool, bool]) -> tuple[dict, dict]:
-    """One pair where only the engine measured is awake: the set sleeps, the reference wakes, is measured and
-    sleeps again, then the set wakes and is measured (it stays awake until the next pair or its close). A turn
-    that fails is the error of the entries it leaves unmeasured."""
-    def failed(who: "Resident", why: str) -> dict:
-        return _annotate({"set": who.e.fs.name, "error": why}, who.e)
+def _record(pairs: dict[str, list[list[dict]]], name: str, a: dict, b: dict) -> None:
+    compare([a, b])
+    pairs[name].append([a, b])
+    for r in (a, b):
+        if "error" in r:
+            console.warn(f"set {r['set']}: {r['error']} (log: {r['log']})")
 
-    if eng.turn("sleep") is None:
-        return failed(ref, f"not measured: {eng.e.fs.name} could not sleep"), failed(eng, eng.error)
-    if ref.turn("wake") is None:
-        return failed(ref, ref.error), failed(eng, f"not measured: {ref.e.fs.name} could not wake")
-    a = ref.measure(lossless=lossless[0])
-    if ref.turn("sleep") is None:
-        return a, failed(eng, f"not measured: {ref.e.fs.name} could not sleep ({ref.error})")
+
+def bench_taking_turns(profile: Profile, profile_path: str, platform: str, sets: list[plan.FeatureSet],
+                       opts: Options, commit: str, log_dir: Path, on_set=None) -> dict:
+    """``--keep-reference --take-turns``: every set's engine started once and kept, all asleep but the one
+    measured (vLLM's sleep mode, level 2: nothing parked in host memory), so each runs with the profile's own
+    memory budget. Then ``opts.rounds`` rounds of stock and every set, the sets in reverse order every other
+    round (no set always furthest from its stock); each set's ratio is to its round's stock measurement.
+    A set that fails to start, sleep or be measured is dropped with its error; the others go on."""
+    started = dt.datetime.now(dt.timezone.utc)
+    pairs: dict[str, list[list[dict]]] = {fs.name: [] for fs in sets[1:]}
+    failed: dict[str, dict] = {}
+    report = lambda: _report_pairs(profile, profile_path, platform, opts, commit, started, sets, pairs, failed)
+    console.info(f"radiance bench: {len(sets)} engines started once and kept, one awake at a time; engine log "
+                 f"{log_dir}")
+    live: list[Resident] = []
+    ref = Resident(sets[0], profile, platform, opts, log_dir)
+    try:
+        if ref.turn("sleep") is None:   # the next engine starts with the device to itself
+            return _failed_reference(ref, failed, sets, report)
+        for i, fs in enumerate(sets[1:], 1):
+            console.info(f"radiance bench: set {fs.name} ({i}/{len(sets) - 1}) started and put to sleep: features "
+                         f"{'+'.join(fs.features) or 'none'}, runner {fs.runner}")
+            eng = Resident(fs, profile, platform, opts, log_dir)
+            if eng.turn("sleep") is None:
+                _drop(eng, failed, eng.error)
+            else:
+                live.append(eng)
+        for n in range(opts.rounds):
+            a = _awake_for(ref, lossless=n == 0)
+            if ref.error is not None:   # no stock this round, or one that holds the device: nothing to go on with
+                for eng in live:
+                    _record(pairs, eng.e.fs.name, a, _annotate(
+                        {"set": eng.e.fs.name, "error": f"not measured: {ref.e.fs.name}: {ref.error}"}, eng.e))
+                break
+            for eng in list(live if n % 2 == 0 else live[::-1]):
+                b = _awake_for(eng, lossless=n == 0)
+                _record(pairs, eng.e.fs.name, a, b)
+                if eng.error is not None:   # gone, or awake for good: it cannot give the device back
+                    live.remove(eng)
+                    eng.close()
+            if on_set is not None:
+                on_set(report())
+    finally:
+        for eng in live:
+            eng.close()
+        ref.close()
+    return report()
+
+
+def _awake_for(eng: Resident, lossless: bool) -> dict:
+    """``eng`` woken, measured and put back to sleep; its measurement, or the error that prevented it. A sleep
+    that fails after a measurement keeps the measurement and leaves ``eng.error`` set."""
     if eng.turn("wake") is None:
-        return a, failed(eng, eng.error)
-    return a, eng.measure(lossless=lossless[1])
+        return _annotate({"set": eng.e.fs.name, "error": eng.error}, eng.e)
+    result = eng.measure(lossless=lossless)
+    if "error" in result:
+        eng.error = eng.error or result["error"]
+    elif eng.turn("sleep") is None:
+        console.warn(f"set {eng.e.fs.name}: {eng.error}: measured, then stopped (it cannot give the device back)")
+    return result
 
 
-def _failed_reference(ref: "Resident", report, pairs: dict, sets: list[plan.FeatureSet]) -> dict:
+def _drop(eng: Resident, failed: dict[str, dict], why: str | None) -> None:
+    failed[eng.e.fs.name] = _annotate({"set": eng.e.fs.name, "error": why or "no answer"}, eng.e)
+    console.warn(f"set {eng.e.fs.name}: {why} (log: {eng.e.log_path})")
+    eng.close()
+
+
+def _failed_reference(ref: Resident, failed: dict[str, dict], sets: list[plan.FeatureSet], report) -> dict:
     """The reference could not be put to sleep (vLLM's sleep mode missing or refused): every set is reported
     with that error, none is started."""
-    err = _annotate({"set": sets[0].name, "error": ref.error}, ref.e)
-    console.warn(f"set {sets[0].name}: {ref.error} (log: {err['log']})")
+    _drop(ref, failed, ref.error)
     for fs in sets[1:]:
-        pairs[fs.name].append([err, {"set": fs.name, "error": "not started: the reference could not sleep"}])
+        failed[fs.name] = {"set": fs.name, "error": "not started: the reference could not sleep"}
     return report()
 
 
 def _report_pairs(profile: Profile, profile_path: str, platform: str, opts: Options, commit: str, started,
-                  sets: list[plan.FeatureSet], pairs: dict[str, list[list[dict]]]) -> dict:
-    """One entry per set like bench_fresh's (merge_pairs)."""
-    merged = merge_pairs(pairs)
+                  sets: list[plan.FeatureSet], pairs: dict[str, list[list[dict]]],
+                  failed: dict[str, dict] | None = None) -> dict:
+    """One entry per set like bench_fresh's (merge_pairs), in the order of ``sets``; a set in ``failed``
+    (never measured) as its error."""
+    merged = {m["set"]: m for m in merge_pairs(pairs)}
+    merged.update(failed or {})
+    entries = [merged[fs.name] for fs in sets if fs.name in merged]
     done = min((len(ps) for ps in pairs.values() if ps), default=0)
-    report = _header(profile, profile_path, platform, opts, commit, started, merged, done)
+    report = _header(profile, profile_path, platform, opts, commit, started, entries, done)
     report["reference"] = sets[0].name
-    report["sets"] = merged
+    report["sets"] = entries
     return report
 
 
@@ -332,22 +412,28 @@ def merge_pairs(pairs: dict[str, list[list[dict]]]) -> list[dict]:
     for ps in pairs.values():
         for p in ps:
             compare(p)
-    refs = [p[0] for ps in pairs.values() for p in ps]
+    # under --take-turns one stock measurement is every set's reference in its round: counted once
+    refs = list({id(p[0]): p[0] for ps in pairs.values() for p in ps}.values())
     merged = [rounds.merge_rounds([[r] for r in refs])[0]] if refs else []
     return merged + [rounds.merge_rounds(ps)[1] for ps in pairs.values() if ps]
 
 
-def split_pairs(sets: list[dict]) -> dict[str, list[list[dict]]]:
+def split_pairs(sets: list[dict], shared_reference: bool = False) -> dict[str, list[list[dict]]]:
     """A ``--keep-reference`` report's sets back into merge_pairs' pairs: the reference's measurements are
     kept in the order they ran, each set's pairs in turn, so the i-th of a set pairs with the reference
-    measurement taken just before it (not with the i-th of the reference's, which belongs to the first set)."""
+    measurement taken just before it (not with the i-th of the reference's, which belongs to the first set).
+    ``shared_reference`` (a ``--take-turns`` report, options.take_turns): the i-th of every set pairs with
+    the i-th of the reference, its round's. A set with an error and no rounds was never measured: left out."""
     ref, rest = sets[0], sets[1:]
     refs = list(ref.get("rounds") or [ref])
     pairs: dict[str, list[list[dict]]] = {}
     i = 0
     for s in rest:
+        if shared_reference and "error" in s and not s.get("rounds") and not s.get("results"):
+            continue
         mine = list(s.get("rounds") or [s])
-        pairs[s["set"]] = [[refs[i + j], m] for j, m in enumerate(mine) if i + j < len(refs)]
+        at = 0 if shared_reference else i
+        pairs[s["set"]] = [[refs[at + j], m] for j, m in enumerate(mine) if at + j < len(refs)]
         i += len(mine)
     return pairs
 

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from ..engine_report import counter_key
-from . import lossless, synthetic_rates
+from . import lossless, worker_extension
 from .rounds import acceptance_label
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)   # every timed request: the same tokens, max_tokens of them
@@ -149,7 +149,7 @@ def measure(llm, job: dict, result: dict, lossless_batches: list[int], rates_now
     job = {**job, "lossless_batches": lossless_batches}
     for rates in profiles:
         if rates is not None and rates != rates_now:
-            llm.collective_rpc(synthetic_rates.METHOD, args=(rates,))
+            llm.collective_rpc(worker_extension.RATES, args=(rates,))
             rates_now = rates
         if len(profiles) > 1:
             # untimed: what each profile's steps measure is not the previous profile's tail, and a policy
@@ -174,16 +174,20 @@ TURNS = ("sleep", "wake")
 
 
 def turn(llm, op: str) -> dict:
-    """``--take-turns``: put the engine to sleep (vLLM's level 1: weights copied to host memory, the KV cache
-    and GDN state dropped; the CUDA graphs stay, since the memory comes back at the same addresses) or wake it.
-    The prefix cache is reset after waking: the blocks it names were dropped. {"s": seconds} or {"error": ...}."""
+    """``--take-turns``: put the engine to sleep or wake it. vLLM's level 2: the weights are dropped with the KV
+    cache and GDN state, not parked in host memory (two parked 27B engines overran the host's 125 GiB); the
+    CUDA graphs stay, since the memory comes back at the same addresses. On waking the weights are drawn
+    again as the dummy loader drew them (worker_extension: the profile's weights are dummy, bench's check) and
+    the prefix cache is reset: the blocks it names were dropped. {"s": seconds} or {"error": ...}."""
     t = time.perf_counter()
     try:
         if op == "sleep":
-            llm.sleep(level=1)
+            llm.collective_rpc(worker_extension.KEEP)
+            llm.sleep(level=2)
         else:
             if llm.wake_up() is False:   # vLLM: some of its memory is still asleep
                 return {"error": "vLLM's wake_up left the engine partly asleep"}
+            llm.collective_rpc(worker_extension.REDRAW)
             llm.reset_prefix_cache()
     except Exception as exc:
         traceback.print_exc()

@@ -137,6 +137,11 @@ def _check_keep_reference(profile, profile_path: str, sets, platform: str, take_
     if take_turns and platform not in (platforms.CUDA.name, platforms.ROCM.name):
         raise errors.UsageError(f"--take-turns: vLLM's sleep mode needs a CUDA or ROCm GPU, not the {platform} "
                                 "platform — fix: leave --take-turns out")
+    if take_turns and str(profile.vllm_args.get("load-format") or "") != "dummy":
+        # a sleeping engine's weights are dropped and drawn again on waking: only random weights come back
+        raise errors.UsageError(f"--take-turns: {profile_path}: vllm_args.load-format is not dummy, and a "
+                                "sleeping engine's weights are dropped and drawn again at random — fix: a "
+                                "dummy-weight profile, or --keep-reference without --take-turns")
     if platform == platforms.CPU.name or take_turns:
         return   # a sleeping engine leaves the device to the one measured: the profile's budget stands
     util = float(profile.vllm_args.get("gpu-memory-utilization") or 0.9)
@@ -169,10 +174,10 @@ def _check_keep_reference(profile, profile_path: str, sets, platform: str, take_
                    "alternate the two --rounds times (stock, set, stock, set, ...). One engine start per set "
                    "instead of one per set per round; on a GPU both engines share it (gpu-memory-utilization <= 0.47).")
 @click.option("--take-turns", is_flag=True,
-              help="With --keep-reference, on a GPU: the engine not being measured sleeps (vLLM's sleep mode: its "
-                   "weights wait in host memory, its KV cache is dropped), so each engine runs with the profile's "
-                   "own gpu-memory-utilization. Both engines are started with --enable-sleep-mode; the report "
-                   "says so.")
+              help="With --keep-reference, on a GPU, for dummy-weight profiles: every set's engine is started "
+                   "once and kept asleep (vLLM's sleep mode, level 2: weights and KV cache dropped; the weights "
+                   "are drawn again at random on waking) but the one measured, so each runs with the profile's "
+                   "own gpu-memory-utilization; --rounds rounds of stock and every set. The report says so.")
 @click.option("--acceptance", "acceptance_raw", multiple=True, metavar="synthetic:R1,R2,...",
               help="vLLM's synthetic rejection sampling at these per-position (unconditional) acceptance rates, "
                    "for dummy-weight profiles, whose drafts are otherwise never accepted; the report says so. "

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher import engine_args
-from launcher.bench import plan, synthetic_rates, rounds, run
+from launcher.bench import plan, worker_extension, rounds, run
 from launcher.cli import cli
 from launcher.commands._common import load
 from launcher.profile import Profile
@@ -106,10 +106,10 @@ def test_ratios_are_taken_within_one_acceptance_profile():
 
 
 def test_acceptance_profiles_after_the_first_need_the_switching_extension():
-    args = synthetic_rates.with_extension(["--model", "x"])
-    assert args[-2:] == ["--worker-extension-cls", "launcher.bench.synthetic_rates.SyntheticRatesExtension"]
+    args = worker_extension.with_extension(["--model", "x"])
+    assert args[-2:] == ["--worker-extension-cls", "launcher.bench.worker_extension.BenchWorkerExtension"]
     with pytest.raises(ValueError, match="already"):
-        synthetic_rates.with_extension(args)
+        worker_extension.with_extension(args)
     assert rounds.acceptance_label([0.908, 0.5, 0.0, 0.0]) == "0.908/0.5/0/0"
 
 
@@ -254,7 +254,8 @@ def test_a_kept_reference_report_pairs_each_set_with_the_reference_measured_besi
     for rnd in (p for ps in pairs.values() for p in ps):
         for s in rnd:
             s["results"][0].update(ms_per_step=10.0, mean_acceptance_length=2.0)
-    report = {"profile_name": "p", "device": "d", "commit": "c", "reference": "stock@v2", "acceptance": {"kind": "model"},
+    report = {"profile_name": "p", "device": "d", "commit": "c", "reference": "stock@v2",
+              "acceptance": {"kind": "model"},
               "options": {"max_tokens": 8, "rounds": 2, "rounds_done": 2, "keep_reference": True},
               "sets": run.merge_pairs(pairs)}
     path = tmp_path / "r.json"

@@ -1,6 +1,6 @@
-"""`radiance bench --keep-reference --take-turns`: the engine not measured sleeps, so each engine runs with the
-profile's whole memory budget. vLLM's sleep mode exists on CUDA and ROCm only, so here the two engines (and, for
-the worker's side, the LLM) are fakes: what is checked is the order of turns and what the CLI refuses."""
+"""`radiance bench --keep-reference --take-turns`: every engine but the one measured sleeps, so each runs with the
+profile's whole memory budget. vLLM's sleep mode exists on CUDA and ROCm only, so here the engines (and, for the
+worker's side, the LLM) are fakes: what is checked is the order of turns and what the CLI refuses."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher import errors
-from launcher.bench import plan, run, worker
+from launcher.bench import plan, run, worker, worker_extension
 from launcher.cli import cli
 from launcher.commands import bench as bench_cmd
 from launcher.commands._common import load
@@ -62,43 +62,69 @@ def fake_engines(monkeypatch):
     return _FakeEngine
 
 
-def _bench(tmp_path, take_turns=True):
+def _bench(tmp_path, take_turns=True, sets="stock@v2,only-int4_head,only-w4_drafter"):
     profile = load(PROFILE)
-    sets = plan.parse("stock@v2,only-int4_head,only-w4_drafter", profile, "cuda")
+    sets = plan.parse(sets, profile, "cuda")
     opts = run.Options(batches=[8], max_tokens=8, rounds=2, keep_reference=True, take_turns=take_turns)
     return run.bench(profile, PROFILE, "cuda", sets, opts, "abc", tmp_path / "logs")
 
 
-def test_take_turns_measures_each_engine_alone_with_the_gpu_sleep_mode_faked(tmp_path, fake_engines):
+def _visit(name):
+    return [(name, "wake"), (name, "measure"), (name, "sleep")]
+
+
+def test_take_turns_keeps_every_engine_asleep_but_the_one_measured_with_the_gpu_sleep_mode_faked(tmp_path,
+                                                                                               fake_engines):
     report = _bench(tmp_path)
     log = fake_engines.log
-    assert log[:3] == [("stock@v2", "start"), ("stock@v2", "sleep"), ("only-int4_head", "start")]
-    pair = [("only-int4_head", "sleep"), ("stock@v2", "wake"), ("stock@v2", "measure"), ("stock@v2", "sleep"),
-            ("only-int4_head", "wake"), ("only-int4_head", "measure")]
-    assert log[3:15] == pair + pair
-    assert log[15:17] == [("only-int4_head", "close"), ("only-w4_drafter", "start")]
-    assert log[-1] == ("stock@v2", "close")
-    assert sum(1 for x in log if x[1] == "measure") == 8
+    # each engine started once, with the device to itself, and put to sleep before the next starts
+    assert log[:6] == [("stock@v2", "start"), ("stock@v2", "sleep"), ("only-int4_head", "start"),
+                       ("only-int4_head", "sleep"), ("only-w4_drafter", "start"), ("only-w4_drafter", "sleep")]
+    # rounds of stock then every set, the sets reversed every other round
+    rounds = _visit("stock@v2") + _visit("only-int4_head") + _visit("only-w4_drafter")
+    rounds += _visit("stock@v2") + _visit("only-w4_drafter") + _visit("only-int4_head")
+    assert log[6:24] == rounds
+    assert sorted(log[24:]) == [(n, "close") for n in ("only-int4_head", "only-w4_drafter", "stock@v2")]
     assert report["options"]["take_turns"] is True and report["options"]["rounds_done"] == 2
-    assert [s["set"] for s in report["sets"]] == ["stock@v2", "only-int4_head", "only-w4_drafter"]
+    sets = {s["set"]: s for s in report["sets"]}
+    assert list(sets) == ["stock@v2", "only-int4_head", "only-w4_drafter"]
+    # stock measured once a round and counted once, though it is the reference of both sets
+    assert len(sets["stock@v2"]["rounds"]) == 2
+    assert run.split_pairs(report["sets"], shared_reference=True)["only-w4_drafter"][1][0] is \
+        report["sets"][0]["rounds"][1]
 
 
-def test_a_turn_that_fails_is_the_error_of_what_it_left_unmeasured_with_the_gpu_sleep_mode_faked(tmp_path,
-                                                                                                fake_engines):
+def test_a_set_that_cannot_wake_is_dropped_and_the_others_go_on_with_the_gpu_sleep_mode_faked(tmp_path,
+                                                                                              fake_engines):
     fake_engines.fail = ("only-int4_head", "wake")
     report = _bench(tmp_path)
     sets = {s["set"]: s for s in report["sets"]}
-    # the reference was measured; the set that could not wake is reported with why, and the next set still runs
-    assert "error" not in sets["stock@v2"]
+    assert "error" not in sets["stock@v2"] and "error" not in sets["only-w4_drafter"]
     assert "wake: RuntimeError: no sleep mode" in sets["only-int4_head"]["error"]
-    assert "error" not in sets["only-w4_drafter"]
+    # closed once it failed, never woken again; the other set measured in both rounds
+    log = fake_engines.log
+    assert log.count(("only-int4_head", "wake")) == 1 and log.count(("only-w4_drafter", "measure")) == 2
+    assert log.index(("only-int4_head", "close")) < log.index(("stock@v2", "wake"), log.index(("only-int4_head",
+                                                                                              "wake")))
+
+
+def test_a_set_that_cannot_sleep_after_starting_is_stopped_before_the_next_starts_with_the_gpu_sleep_mode_faked(
+        tmp_path, fake_engines):
+    fake_engines.fail = ("only-int4_head", "sleep")
+    report = _bench(tmp_path)
+    log = fake_engines.log
+    assert log.index(("only-int4_head", "close")) < log.index(("only-w4_drafter", "start"))
+    sets = {s["set"]: s for s in report["sets"]}
+    assert "sleep: RuntimeError" in sets["only-int4_head"]["error"]
+    assert "error" not in sets["only-w4_drafter"] and len(sets["only-w4_drafter"]["rounds"]) == 2
+    assert [s["set"] for s in report["sets"]] == ["stock@v2", "only-int4_head", "only-w4_drafter"]
 
 
 def test_a_reference_that_cannot_sleep_starts_no_other_engine_with_the_gpu_sleep_mode_faked(tmp_path, fake_engines):
     fake_engines.fail = ("stock@v2", "sleep")
     report = _bench(tmp_path)
     assert [x for x in fake_engines.log if x[1] == "start"] == [("stock@v2", "start")]
-    assert all("error" in s for s in report["sets"])
+    assert len(report["sets"]) == 3 and all("error" in s for s in report["sets"])
 
 
 def test_without_take_turns_both_engines_stay_awake(tmp_path, monkeypatch):
@@ -132,6 +158,9 @@ class _FakeLLM:
     def __init__(self, raises=None):
         self.calls, self.raises = [], raises
 
+    def collective_rpc(self, method, args=()):
+        self.calls.append(("rpc", method))
+
     def sleep(self, level):
         self.calls.append(("sleep", level))
         if self.raises:
@@ -145,10 +174,13 @@ class _FakeLLM:
         self.calls.append(("reset_prefix_cache",))
 
 
-def test_the_worker_sleeps_at_level_one_and_forgets_its_prefix_cache_on_waking_with_the_llm_faked():
+def test_the_worker_drops_the_weights_and_draws_them_again_on_waking_with_the_llm_faked():
     llm = _FakeLLM()
     assert "s" in worker.turn(llm, "sleep") and "s" in worker.turn(llm, "wake")
-    assert llm.calls == [("sleep", 1), ("wake_up",), ("reset_prefix_cache",)]
+    # level 2: nothing parked in host memory but the speculator's buffers; the weights drawn again before the
+    # first step, the prefix cache forgotten
+    assert llm.calls == [("rpc", worker_extension.KEEP), ("sleep", 2), ("wake_up",),
+                         ("rpc", worker_extension.REDRAW), ("reset_prefix_cache",)]
     failed = worker.turn(_FakeLLM(RuntimeError("sleep mode is not enabled")), "sleep")
     assert failed == {"error": "RuntimeError: sleep mode is not enabled"}
     assert "partly asleep" in worker.turn(_FakeLLM(MemoryError()), "wake")["error"]
@@ -158,9 +190,12 @@ def test_the_worker_sleeps_at_level_one_and_forgets_its_prefix_cache_on_waking_w
     (["--take-turns", "--platform", "cuda"], "only with --keep-reference"),
     (["--keep-reference", "--take-turns", "--platform", "cpu", "--sets", "stock,only-int4_head"],
      "needs a CUDA or ROCm GPU"),
+    (["--keep-reference", "--take-turns", "--platform", "cuda", "--sets", "stock,only-w4_drafter"],
+     "load-format is not dummy"),
 ])
 def test_take_turns_is_refused_where_it_cannot_run(args, needle):
-    res = CliRunner().invoke(cli, ["bench", PROFILE, *args])
+    profile = "profiles/tiny-gpu.yaml" if needle == "load-format is not dummy" else PROFILE   # real weights
+    res = CliRunner().invoke(cli, ["bench", profile, *args])
     assert res.exit_code == 2, res.output
     assert needle in res.output and "fix:" in res.output
 
@@ -174,6 +209,43 @@ def test_take_turns_keeps_the_profiles_memory_budget_and_asks_vllm_for_sleep_mod
     opts = run.Options(batches=[8], max_tokens=8, keep_reference=True, take_turns=True)
     e = run._engine(sets[0], profile, "cuda", opts, tmp_path)
     assert "--enable-sleep-mode" in e.job["server_args"]
+    assert worker_extension.EXTENSION in e.job["server_args"]   # the weights are drawn again through it
     assert "--enable-sleep-mode" not in run._engine(sets[0], profile, "cuda", run.Options(batches=[8], max_tokens=8),
                                                     tmp_path).job["server_args"]
     json.dumps(e.job)
+
+
+def test_the_weights_come_back_drawn_again_and_what_cannot_be_drawn_kept_with_the_level_two_sleep_faked():
+    """The worker extension on real modules; the GPU sleep that drops their memory is faked by overwriting
+    every tensor with garbage (NaN, random integers), which is what a level-2 wake hands back."""
+    import torch
+    from torch import nn
+
+    class Runner:
+        pass
+
+    target = nn.Linear(8, 8)
+    target.register_parameter("index", nn.Parameter(torch.arange(8, dtype=torch.int32), requires_grad=False))
+    target.register_buffer("w4_qweight", torch.full((4,), 7, dtype=torch.uint8), persistent=False)
+    draft = nn.Module()
+    draft.fc = nn.Linear(8, 4)
+    draft.head = target                                    # MTP shares the target's head
+    draft.register_buffer("w4_scales", torch.linspace(0, 1, 4), persistent=False)
+    runner = Runner()
+    runner.get_model = lambda: target
+    runner.speculator = Runner()
+    runner.speculator.model = draft
+    ext = worker_extension.BenchWorkerExtension()
+    ext.model_runner = runner
+
+    kept = ext.radiance_bench_keep_before_sleep()
+    assert kept == 2   # the target's integer parameter, the draft's own buffer (not the shared one)
+    before = {"index": target.index.clone(), "scales": draft.w4_scales.clone()}
+    with torch.no_grad():
+        for t in [*target.parameters(), *draft.parameters(), *target.buffers(), *draft.buffers()]:
+            t.copy_(torch.full_like(t, float("nan")) if t.is_floating_point() else torch.randint_like(t, 0, 99))
+    drawn = ext.radiance_bench_redraw_weights()
+    assert drawn == 4   # target weight + bias, draft fc weight + bias; the shared head once
+    for p in [target.weight, target.bias, draft.fc.weight, draft.fc.bias]:
+        assert torch.isfinite(p).all() and p.abs().max() <= 1e-3
+    assert torch.equal(target.index, before["index"]) and torch.equal(draft.w4_scales, before["scales"])

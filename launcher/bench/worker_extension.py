@@ -1,0 +1,107 @@
+"""What `radiance bench` asks of vLLM's GPU worker that vLLM has no call for, through a worker extension
+(vLLM's ``worker_extension_cls``, reached with ``LLM.collective_rpc`` on every rank).
+
+- Switching the synthetic acceptance inside one running engine, so that one engine start serves every
+  acceptance profile of a run: a 27B-shaped engine takes ~100 s to start and a session's device time is
+  30 min. The rates are a tensor the rejection sampler reads at each step; new ones go there, converted the
+  way vLLM converts the configured ones.
+- ``--take-turns``: an engine put to sleep at vLLM's level 2 (its weights dropped, not parked in host memory:
+  two parked 27B engines are ~102 GiB, more than the device machines' host has; the nineteenth session's
+  engines were killed by the host's OOM killer) gets its weights back on waking by drawing them again the
+  way vLLM's dummy loader drew them at load. vLLM keeps the target model's buffers over a level-2 sleep
+  (where int4-head and w4-drafter keep their packed weights), not an MTP speculator's, and an integer
+  parameter cannot be drawn: those are kept here.
+"""
+from __future__ import annotations
+
+RATES = "radiance_bench_synthetic_rates"
+KEEP = "radiance_bench_keep_before_sleep"
+REDRAW = "radiance_bench_redraw_weights"
+EXTENSION = f"{__name__}.BenchWorkerExtension"
+
+
+def _draft_model(runner):
+    """The speculator's own module (Model Runner V2: ``speculator``, V1: ``drafter``), or None."""
+    for holder in ("speculator", "drafter"):
+        model = getattr(getattr(runner, holder, None), "model", None)
+        if model is not None:
+            return model
+    return None
+
+
+class BenchWorkerExtension:
+    """Mixed into vLLM's GPU worker by vLLM when the engine is started with ``--worker-extension-cls``."""
+
+    def radiance_bench_synthetic_rates(self, rates: list[float]) -> int:
+        import torch
+        from vllm.v1.spec_decode.utils import unconditional_to_conditional_rates
+
+        sampler = self.model_runner.rejection_sampler
+        current = getattr(sampler, "synthetic_conditional_rates", None)
+        if current is None:
+            raise RuntimeError("the engine was not started with rejection_sample_method synthetic")
+        k = current.numel()
+        if len(rates) < k:
+            raise ValueError(f"{len(rates)} acceptance rates for {k} draft positions")
+        # a new tensor, not an in-place write: a patch that keeps per-depth copies sees the change by identity
+        sampler.synthetic_conditional_rates = torch.tensor(
+            unconditional_to_conditional_rates(list(rates[:k])), dtype=torch.float32, device=current.device)
+        return k
+
+    def radiance_bench_keep_before_sleep(self) -> int:
+        """Before a level-2 sleep, to host memory: what the redraw cannot draw again and vLLM does not keep,
+        the speculator's buffers (w4-drafter's packed weights, rotary caches) other than those it shares with
+        the target, and every integer parameter (packed weights, indices: garbage after a wake, where an
+        index may point anywhere). Returns how many tensors."""
+        import torch
+
+        runner = self.model_runner
+        target, draft = runner.get_model(), _draft_model(runner)
+        shared = {id(b) for b in target.buffers()}
+        kept, seen = {}, set()
+        for tag, model in (("target", target), ("draft", draft)):
+            if model is None:
+                continue
+            for name, p in model.named_parameters():
+                if not torch.is_floating_point(p) and id(p) not in seen:
+                    seen.add(id(p))
+                    kept[(tag, "p", name)] = p.detach().cpu().clone()
+            if tag == "draft":
+                for name, b in model.named_buffers():
+                    if id(b) not in shared:
+                        kept[(tag, "b", name)] = b.detach().cpu().clone()
+        self._radiance_kept = kept
+        return len(kept)
+
+    def radiance_bench_redraw_weights(self) -> int:
+        """After waking from a level-2 sleep: every floating-point parameter of the target and its
+        speculator drawn again as vLLM's dummy loader draws it (uniform in +-1e-3, or the parameter's own
+        dummy value), and what was kept before the sleep put back. Returns the number of parameters drawn."""
+        import torch
+        from vllm.model_executor.model_loader.weight_utils import initialize_single_dummy_weight
+
+        runner = self.model_runner
+        kept = getattr(self, "_radiance_kept", {})
+        seen: set[int] = set()
+        with torch.no_grad():
+            for tag, model in (("target", runner.get_model()), ("draft", _draft_model(runner))):
+                if model is None:
+                    continue
+                for name, p in model.named_parameters():
+                    if (tag, "p", name) in kept:
+                        p.copy_(kept[(tag, "p", name)])
+                    elif id(p) not in seen and torch.is_floating_point(p):
+                        seen.add(id(p))
+                        initialize_single_dummy_weight(p)
+                for name, b in model.named_buffers():
+                    if (tag, "b", name) in kept:
+                        b.copy_(kept[(tag, "b", name)])
+        self._radiance_kept = {}
+        return len(seen)
+
+
+def with_extension(server_args: list[str]) -> list[str]:
+    """The engine's flags with the extension named (the profile names none: bench flags never serve)."""
+    if "--worker-extension-cls" in server_args:
+        raise ValueError("the profile already names a --worker-extension-cls")
+    return [*server_args, "--worker-extension-cls", EXTENSION]
