@@ -24,6 +24,9 @@
 # after staging for four engines and three rounds:
 #   table-start COMMIT "stock,only-int4_head,only-dynamic_draft,only-w4_drafter" --keep-reference --take-turns
 #     --rounds 3 --repeat 1 + the three --acceptance profiles + the kernel-config arg   (carry .gpu/proj .gpu/cache)
+# Level 2 has not yet run on a device: the first table-poll should show each engine's "sleep took" and the
+# first "wake took" lines. Should the wake or the redraw fail, every set says so in the report; what is left of
+# the session then goes to fresh engines (no --keep-reference), --rounds 1: ~140 s a set after stock's start.
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"
