@@ -17,9 +17,9 @@
 # profile's 0.9: at 0.47 beside stock an engine holds ~22 requests, not B = 32 (eighteenth session), and level 1
 # parks 51 GiB of weights an engine in host memory, which killed the second engine on this 125 GiB host
 # (nineteenth session). A sleeping engine kept 1.73 GiB of the device at level 1 (its context, what vLLM
-# allocates outside its sleep pool): four engines leave the last one ~2 GiB above its 0.9 on an H100; five only ~0.5 GiB, so on an
-# H100 the table is stock and the three features alone (int4-head alone is also the flagship as shipped), and
-# an H200 takes the combined set as a fifth. With the autotuning verdicts carried (below): stock ~140 s, each
+# allocates outside its sleep pool): four engines leave the last one ~2 GiB above its 0.9 on an H100, five
+# only ~0.5 GiB, so on an H100 the table is stock and the three features alone (int4-head alone is also the
+# flagship as shipped), and an H200 takes the combined set as a fifth. With the autotuning verdicts carried (below): stock ~140 s, each
 # set ~100 s, a measurement of 3 profiles x 3 batches ~40 s, a switch a few seconds (not yet measured): ~1050 s
 # after staging for four engines and three rounds:
 #   table-start COMMIT "stock,only-int4_head,only-dynamic_draft,only-w4_drafter" --keep-reference --take-turns
