@@ -251,8 +251,8 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
                                 "the cpu platform — fix: leave --acceptance out on CPU")
     sets = plan.parse(sets_spec or plan.default_sets(profile, platform), profile, platform)
     if take_turns and not keep_reference:
-        raise errors.UsageError("--take-turns: only with --keep-reference (two engines kept loaded take turns on "
-                                "the device) — fix: add --keep-reference, or leave --take-turns out")
+        raise errors.UsageError("--take-turns: only with --keep-reference (every set's engine kept loaded, one "
+                                "awake at a time) — fix: add --keep-reference, or leave --take-turns out")
     if keep_reference:
         _check_keep_reference(profile, profile_path, sets, platform, take_turns)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
