@@ -353,8 +353,8 @@ def bench_taking_turns(profile: Profile, profile_path: str, platform: str, sets:
                 if eng.error is not None:   # gone, or awake for good: it cannot give the device back
                     live.remove(eng)
                     eng.close()
-            if on_set is not None:
-                on_set(report())
+                if on_set is not None:   # after every pair: a run cut short keeps each one measured
+                    on_set(report())
     finally:
         for eng in live:
             eng.close()

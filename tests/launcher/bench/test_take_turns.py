@@ -94,6 +94,18 @@ def test_take_turns_keeps_every_engine_asleep_but_the_one_measured_with_the_gpu_
         report["sets"][0]["rounds"][1]
 
 
+def test_take_turns_reports_after_every_pair_so_a_run_cut_short_keeps_it_with_the_gpu_sleep_mode_faked(
+        tmp_path, fake_engines):
+    profile = load(PROFILE)
+    sets = plan.parse("stock@v2,only-int4_head,only-w4_drafter", profile, "cuda")
+    opts = run.Options(batches=[8], max_tokens=8, rounds=2, keep_reference=True, take_turns=True)
+    saved = []
+    run.bench(profile, PROFILE, "cuda", sets, opts, "abc", tmp_path / "logs",
+              on_set=lambda r: saved.append(sum(len(s.get("rounds", [])) for s in r["sets"][1:])))
+    # one report per measured set, each holding one more pair than the last
+    assert saved == [1, 2, 3, 4]
+
+
 def test_a_set_that_cannot_wake_is_dropped_and_the_others_go_on_with_the_gpu_sleep_mode_faked(tmp_path,
                                                                                               fake_engines):
     fake_engines.fail = ("only-int4_head", "wake")
