@@ -8,9 +8,9 @@
 - ``--take-turns``: an engine put to sleep at vLLM's level 2 (its weights dropped, not parked in host memory:
   two parked 27B engines are ~102 GiB, more than the device machines' host has; the nineteenth session's
   engines were killed by the host's OOM killer) gets its weights back on waking by drawing them again the
-  way vLLM's dummy loader drew them at load. vLLM keeps the target model's buffers over a level-2 sleep
-  (where int4-head and w4-drafter keep their packed weights), not an MTP speculator's, and an integer
-  parameter cannot be drawn: those are kept here.
+  way vLLM's dummy loader drew them at load. vLLM 0.32 itself keeps the buffers of the target and of its
+  speculator over a level-2 sleep (``Worker.sleep``: where int4-head and w4-drafter keep their packed
+  weights); an integer parameter it does not keep, and it cannot be drawn: those are kept here.
 """
 from __future__ import annotations
 
@@ -20,13 +20,10 @@ REDRAW = "radiance_bench_redraw_weights"
 EXTENSION = f"{__name__}.BenchWorkerExtension"
 
 
-def _draft_model(runner):
-    """The speculator's own module (Model Runner V2: ``speculator``, V1: ``drafter``), or None."""
-    for holder in ("speculator", "drafter"):
-        model = getattr(getattr(runner, holder, None), "model", None)
-        if model is not None:
-            return model
-    return None
+def _models(runner):
+    """The target and its speculator's own module (None without one), as vLLM's sleep mode sees them: both
+    runners answer ``get_draft_model``, and vLLM keeps that module's buffers over a level-2 sleep."""
+    return (("target", runner.get_model()), ("draft", runner.get_draft_model()))
 
 
 class BenchWorkerExtension:
@@ -49,27 +46,16 @@ class BenchWorkerExtension:
         return k
 
     def radiance_bench_keep_before_sleep(self) -> int:
-        """Before a level-2 sleep, to host memory: what the redraw cannot draw again and vLLM does not keep,
-        the speculator's buffers (w4-drafter's packed weights, rotary caches) other than those it shares with
-        the target, and every integer parameter (packed weights, indices: garbage after a wake, where an
-        index may point anywhere). Returns how many tensors."""
+        """Before a level-2 sleep, to host memory: every integer parameter of the target and its speculator
+        (packed weights, indices: garbage after a wake, where an index may point anywhere). Returns how many."""
         import torch
 
-        runner = self.model_runner
-        target, draft = runner.get_model(), _draft_model(runner)
-        shared = {id(b) for b in target.buffers()}
         kept, seen = {}, set()
-        for tag, model in (("target", target), ("draft", draft)):
-            if model is None:
-                continue
-            for name, p in model.named_parameters():
+        for tag, model in _models(self.model_runner):
+            for name, p in (model.named_parameters() if model is not None else ()):
                 if not torch.is_floating_point(p) and id(p) not in seen:
                     seen.add(id(p))
-                    kept[(tag, "p", name)] = p.detach().cpu().clone()
-            if tag == "draft":
-                for name, b in model.named_buffers():
-                    if id(b) not in shared:
-                        kept[(tag, "b", name)] = b.detach().cpu().clone()
+                    kept[(tag, name)] = p.detach().cpu().clone()
         self._radiance_kept = kept
         return len(kept)
 
@@ -80,25 +66,18 @@ class BenchWorkerExtension:
         import torch
         from vllm.model_executor.model_loader.weight_utils import initialize_single_dummy_weight
 
-        runner = self.model_runner
         kept = getattr(self, "_radiance_kept", {})
         seen: set[int] = set()
         with torch.no_grad():
-            for tag, model in (("target", runner.get_model()), ("draft", _draft_model(runner))):
-                if model is None:
-                    continue
-                for name, p in model.named_parameters():
-                    if (tag, "p", name) in kept:
-                        p.copy_(kept[(tag, "p", name)])
+            for tag, model in _models(self.model_runner):
+                for name, p in (model.named_parameters() if model is not None else ()):
+                    if (tag, name) in kept:
+                        p.copy_(kept[(tag, name)])
                     elif id(p) not in seen and torch.is_floating_point(p):
                         seen.add(id(p))
                         initialize_single_dummy_weight(p)
-                for name, b in model.named_buffers():
-                    if (tag, "b", name) in kept:
-                        b.copy_(kept[(tag, "b", name)])
         self._radiance_kept = {}
         return len(seen)
-
 
 def with_extension(server_args: list[str]) -> list[str]:
     """The engine's flags with the extension named (the profile names none: bench flags never serve)."""

@@ -189,7 +189,7 @@ class _FakeLLM:
 def test_the_worker_drops_the_weights_and_draws_them_again_on_waking_with_the_llm_faked():
     llm = _FakeLLM()
     assert "s" in worker.turn(llm, "sleep") and "s" in worker.turn(llm, "wake")
-    # level 2: nothing parked in host memory but the speculator's buffers; the weights drawn again before the
+    # level 2: nothing parked in host memory but integer parameters; the weights drawn again before the
     # first step, the prefix cache forgotten
     assert llm.calls == [("rpc", worker_extension.KEEP), ("sleep", 2), ("wake_up",),
                          ("rpc", worker_extension.REDRAW), ("reset_prefix_cache",)]
@@ -229,7 +229,7 @@ def test_take_turns_keeps_the_profiles_memory_budget_and_asks_vllm_for_sleep_mod
 
 def test_the_weights_come_back_drawn_again_and_what_cannot_be_drawn_kept_with_the_level_two_sleep_faked():
     """The worker extension on real modules; the GPU sleep that drops their memory is faked by overwriting
-    every tensor with garbage (NaN, random integers), which is what a level-2 wake hands back."""
+    every parameter with garbage (NaN, random integers), which is what a level-2 wake hands back."""
     import torch
     from torch import nn
 
@@ -245,19 +245,32 @@ def test_the_weights_come_back_drawn_again_and_what_cannot_be_drawn_kept_with_th
     draft.register_buffer("w4_scales", torch.linspace(0, 1, 4), persistent=False)
     runner = Runner()
     runner.get_model = lambda: target
-    runner.speculator = Runner()
-    runner.speculator.model = draft
+    runner.get_draft_model = lambda: draft
     ext = worker_extension.BenchWorkerExtension()
     ext.model_runner = runner
 
     kept = ext.radiance_bench_keep_before_sleep()
-    assert kept == 2   # the target's integer parameter, the draft's own buffer (not the shared one)
-    before = {"index": target.index.clone(), "scales": draft.w4_scales.clone()}
-    with torch.no_grad():
-        for t in [*target.parameters(), *draft.parameters(), *target.buffers(), *draft.buffers()]:
+    assert kept == 1   # the target's integer parameter, once though the draft shares it; buffers are vLLM's
+    before = target.index.clone()
+    with torch.no_grad():   # parameters only: vLLM's own wake puts the buffers back
+        for t in [*target.parameters(), *draft.parameters()]:
             t.copy_(torch.full_like(t, float("nan")) if t.is_floating_point() else torch.randint_like(t, 0, 99))
     drawn = ext.radiance_bench_redraw_weights()
     assert drawn == 4   # target weight + bias, draft fc weight + bias; the shared head once
     for p in [target.weight, target.bias, draft.fc.weight, draft.fc.bias]:
         assert torch.isfinite(p).all() and p.abs().max() <= 1e-3
-    assert torch.equal(target.index, before["index"]) and torch.equal(draft.w4_scales, before["scales"])
+    assert torch.equal(target.index, before)
+
+
+def test_the_extension_reaches_the_models_vllm_sleep_mode_keeps_buffers_of():
+    """What the extension relies on in the installed vLLM: both runners answer ``get_draft_model``, and a
+    level-2 sleep keeps that module's buffers and the target's (so the extension keeps integer parameters only)."""
+    import inspect
+
+    from vllm.v1.worker import gpu_model_runner, gpu_worker
+    from vllm.v1.worker.gpu import model_runner as v2
+
+    assert callable(gpu_model_runner.GPUModelRunner.get_draft_model) and callable(v2.GPUModelRunner.get_draft_model)
+    sleep, wake = inspect.getsource(gpu_worker.Worker.sleep), inspect.getsource(gpu_worker.Worker.wake_up)
+    assert "model.named_buffers()" in sleep and "draft.named_buffers()" in sleep
+    assert "_sleep_saved_draft_buffers" in wake and "_sleep_saved_buffers" in wake
