@@ -27,6 +27,11 @@
 # Level 2 has not yet run on a device: the first table-poll should show each engine's "sleep took" and the
 # first "wake took" lines. Should the wake or the redraw fail, every set says so in the report; what is left of
 # the session then goes to fresh engines (no --keep-reference), --rounds 1: ~140 s a set after stock's start.
+# Where failed starts have eaten the device time (the twentieth session's did: 1501 s), fewer sets with what
+# is left after staging: ~650 s "stock,only-dynamic_draft" --rounds 3; ~400 s "stock,only-int4_head"
+# --rounds 1, which proves the level-2 path (sleep, wake, redraw, measure) with one unrepeated pair. The
+# report is rewritten after every measured pair, so WATCH can be what is left less ~30 s: a call cut short
+# keeps each pair it measured.
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"
