@@ -20,10 +20,14 @@ REDRAW = "radiance_bench_redraw_weights"
 EXTENSION = f"{__name__}.BenchWorkerExtension"
 
 
-def _models(runner):
-    """The target and its speculator's own module (None without one), as vLLM's sleep mode sees them: both
-    runners answer ``get_draft_model``, and vLLM keeps that module's buffers over a level-2 sleep."""
-    return (("target", runner.get_model()), ("draft", runner.get_draft_model()))
+def _parameters(runner):
+    """(tag, name, parameter) of the target and of its speculator's own module, as vLLM's sleep mode sees them:
+    both runners answer ``get_draft_model`` (None without a speculator), and vLLM keeps that module's buffers
+    over a level-2 sleep. A parameter the two share comes once under each tag."""
+    for tag, model in (("target", runner.get_model()), ("draft", runner.get_draft_model())):
+        if model is not None:
+            for name, p in model.named_parameters():
+                yield tag, name, p
 
 
 class BenchWorkerExtension:
@@ -51,11 +55,10 @@ class BenchWorkerExtension:
         import torch
 
         kept, seen = {}, set()
-        for tag, model in _models(self.model_runner):
-            for name, p in (model.named_parameters() if model is not None else ()):
-                if not torch.is_floating_point(p) and id(p) not in seen:
-                    seen.add(id(p))
-                    kept[(tag, name)] = p.detach().cpu().clone()
+        for tag, name, p in _parameters(self.model_runner):
+            if not torch.is_floating_point(p) and id(p) not in seen:
+                seen.add(id(p))
+                kept[(tag, name)] = p.detach().cpu().clone()
         self._radiance_kept = kept
         return len(kept)
 
@@ -69,15 +72,15 @@ class BenchWorkerExtension:
         kept = getattr(self, "_radiance_kept", {})
         seen: set[int] = set()
         with torch.no_grad():
-            for tag, model in _models(self.model_runner):
-                for name, p in (model.named_parameters() if model is not None else ()):
-                    if (tag, name) in kept:
-                        p.copy_(kept[(tag, name)])
-                    elif id(p) not in seen and torch.is_floating_point(p):
-                        seen.add(id(p))
-                        initialize_single_dummy_weight(p)
+            for tag, name, p in _parameters(self.model_runner):
+                if (tag, name) in kept:
+                    p.copy_(kept[(tag, name)])
+                elif id(p) not in seen and torch.is_floating_point(p):
+                    seen.add(id(p))
+                    initialize_single_dummy_weight(p)
         self._radiance_kept = {}
         return len(seen)
+
 
 def with_extension(server_args: list[str]) -> list[str]:
     """The engine's flags with the extension named (the profile names none: bench flags never serve)."""
