@@ -12,6 +12,11 @@ report's from its pairs (each set against the reference measurement taken just b
 Where the report ran fixed depths (``stock`` and ``stock/kN``) beside dynamic-draft, a second table puts each
 dynamic-draft set against the best fixed depth of the same report, per acceptance profile and batch, with the
 depths it ran (steps at each, from its counters): issue 37's fourth point.
+
+``--drop ROUND:ACCEPTANCE`` (repeatable) leaves out, in every set, the rows of that round (1-based) at that
+acceptance profile, before the medians are taken: for rows a known fault ran at something other than what
+they are labelled (the twenty-first session's first round after a wake ran its first profile at acceptance 0).
+The raw JSON keeps them, and the table's header line names what was left out.
 """
 from __future__ import annotations
 
@@ -24,6 +29,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from launcher.bench import rounds, run  # noqa: E402
+
+
+def drop_rows(report: dict, drops: list[tuple[int, str]]) -> dict:
+    """A copy of ``report`` without, in every set, the rows of round N (1-based) at acceptance A, for each
+    (N, A) in ``drops``. ValueError where a pair matches no row: a misspelt profile must not pass unseen."""
+    report = copy.deepcopy(report)
+    for n, acceptance in drops:
+        hit = False
+        for s in report["sets"]:
+            runs = s.get("rounds") or [s]
+            if n - 1 < len(runs):
+                kept = [r for r in runs[n - 1]["results"] if r.get("acceptance") != acceptance]
+                hit |= len(kept) < len(runs[n - 1]["results"])
+                runs[n - 1]["results"] = kept
+        if not hit:
+            raise ValueError(f"--drop {n}:{acceptance}: no set has rows of round {n} at that acceptance")
+    return report
 
 
 def rederive(report: dict) -> list[dict]:
@@ -111,10 +133,23 @@ def depth_table(report: dict) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("report", type=Path)
+    ap.add_argument("--drop", action="append", default=[], metavar="ROUND:ACCEPTANCE",
+                    help="leave out every set's rows of that round at that acceptance profile (repeatable)")
     args = ap.parse_args(argv)
+    drops = []
+    for d in args.drop:
+        n, sep, acceptance = d.partition(":")
+        if not sep or not n.isdigit() or int(n) < 1 or not acceptance:
+            ap.error(f"--drop {d}: expected ROUND:ACCEPTANCE, e.g. 1:0.908/0.824/0.748/0.679")
+        drops.append((int(n), acceptance))
     report = json.loads(args.report.read_text())
+    try:
+        report = drop_rows(report, drops)
+    except ValueError as exc:
+        ap.error(str(exc))
+    dropped = "".join(f", round {n} at {a} left out" for n, a in drops)
     print(f"<!-- {args.report.name}: {report.get('device')}, commit {report.get('commit')}, {report.get('date')}, "
-          f"{report['options'].get('rounds_done')} rounds -->")
+          f"{report['options'].get('rounds_done')} rounds{dropped} -->")
     print(markdown(report))
     depths = depth_table(report)
     if depths:

@@ -214,6 +214,11 @@ def serve(job: dict, out: Path) -> int:
         cmd = json.loads(line)
         if cmd.get("op") in TURNS:
             result = turn(llm, cmd["op"])
+            if cmd["op"] == "wake":
+                # the sampler's synthetic rates live in memory vLLM allocated with the weights (Model Runner
+                # V2 builds its rejection sampler in load_model), which a level-2 sleep discards: on the H100
+                # every set's first profile after a wake ran at acceptance 0 until they were sent again
+                rates_now = None
         else:
             result = {**base, "results": []}
             try:

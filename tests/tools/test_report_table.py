@@ -37,3 +37,37 @@ def test_a_report_without_fixed_depths_has_no_depth_table():
     report = json.loads(S15.read_text())
     report["sets"] = [s for s in report["sets"] if s["set"] in ("stock", "only-dynamic_draft")]
     assert _module().depth_table(report) is None
+
+
+S21 = ROOT / "benchmarks/results/vllm_27b_shape_h100_2026-12-07_s21_take_turns_each_feature.json"
+CODE = "0.908/0.824/0.748/0.679"
+
+
+def test_drop_leaves_out_one_rounds_rows_at_one_profile_and_the_medians_follow():
+    """The twenty-first session's first round ran its code-like rows at acceptance 0 (the synthetic rates were
+    lost over vLLM's level-2 sleep): stock's B = 1 ran 39 tok/s there against 147-153 in the other rounds."""
+    mod = _module()
+    report = json.loads(S21.read_text())
+
+    def stock_code_b1(rep):
+        stock = mod.rederive(rep)[0]
+        return next(r for r in stock["results"] if r["acceptance"] == CODE and r["batch"] == 1)
+
+    assert stock_code_b1(report)["decode_tok_s_spread"]["min"] < 40
+    kept = stock_code_b1(mod.drop_rows(report, [(1, CODE)]))
+    assert kept["decode_tok_s_spread"]["min"] > 140 and kept["decode_tok_s_spread"]["n"] == 2
+    # the other profiles keep their three rounds, and the raw report is not touched
+    prose = next(r for r in mod.rederive(mod.drop_rows(report, [(1, CODE)]))[0]["results"]
+                 if r["acceptance"] != CODE and r["batch"] == 1)
+    assert prose["decode_tok_s_spread"]["n"] == 3
+    assert len(report["sets"][0]["rounds"][0]["results"]) == 9
+
+
+def test_drop_refuses_a_pair_that_matches_no_row():
+    report = json.loads(S21.read_text())
+    try:
+        _module().drop_rows(report, [(1, "0.9/0.8")])
+    except ValueError as exc:
+        assert "no set has rows of round 1" in str(exc)
+    else:
+        raise AssertionError("a --drop matching nothing passed")

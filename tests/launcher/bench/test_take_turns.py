@@ -198,6 +198,27 @@ def test_the_worker_drops_the_weights_and_draws_them_again_on_waking_with_the_ll
     assert "partly asleep" in worker.turn(_FakeLLM(MemoryError()), "wake")["error"]
 
 
+def test_the_synthetic_rates_are_sent_again_after_every_wake_with_the_llm_faked(tmp_path, monkeypatch):
+    """A level-2 sleep discards what vLLM allocated with the weights, the rejection sampler's synthetic rates
+    among them: the worker sends the rates again before the first measurement after a wake, and only then."""
+    import io
+
+    llm = _FakeLLM()
+    llm.get_tokenizer = lambda: None
+    monkeypatch.setattr(worker, "start", lambda job: (llm, {"set": job["set"], "results": []}))
+    monkeypatch.setattr(worker, "_batches", lambda llm, sp, tok, job, rates, result, verdicts:
+                        llm.calls.append(("measure", tuple(rates))))
+    monkeypatch.setattr(worker, "_metrics", lambda llm: ({}, []))
+    commands = [{"n": 1}, {"n": 2}, {"n": 3, "op": "sleep"}, {"n": 4, "op": "wake"}, {"n": 5}, {"n": 6}]
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(json.dumps(c) + "\n" for c in commands)))
+    job = {"set": "stock", "acceptance": [[0.9, 0.8]], "batches": [1], "max_tokens": 4, "prompts": []}
+    assert worker.serve(job, tmp_path / "result.json") == 0
+    rates = [c for c in llm.calls if c[0] in ("rpc", "measure")
+             and c[1] not in (worker_extension.KEEP, worker_extension.REDRAW)]
+    assert rates == [("measure", (0.9, 0.8)), ("measure", (0.9, 0.8)),
+                     ("rpc", worker_extension.RATES), ("measure", (0.9, 0.8)), ("measure", (0.9, 0.8))]
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--take-turns", "--platform", "cuda"], "only with --keep-reference"),
     (["--keep-reference", "--take-turns", "--platform", "cpu", "--sets", "stock,only-int4_head"],
