@@ -1,14 +1,16 @@
 """dynamic-draft's depth policy replayed through `radiance bench`'s order on a measured cost table.
 
     python benchmarks/bench_depth_policy_replay.py [--costs RESULT.json] [--baseline COMMIT] [--seeds 20]
-                                                   [--json OUT.json]
+                                                   [--rounds 1] [--json OUT.json]
 
 A simulation, not a measurement: it says what the policy (radiance/draft/depth_policy.py and acceptance.py)
 decides when the steps cost what a GPU run measured, not what a GPU does. What it replays, in one engine
 whose policy state carries over from run to run as in `radiance bench`:
 
 - for each acceptance profile of the cost table, one untimed run at the largest batch, then per batch one
-  untimed run and ``REPEATS`` timed ones; every request asks for the table's max_tokens;
+  untimed run and ``REPEATS`` timed ones; every request asks for the table's max_tokens; ``--rounds N``
+  does it N times over in the same engine, as `radiance bench --take-turns` keeps one engine per set
+  (each round's cells reported apart: a later round meets the policy the earlier ones left);
 - a step's cost is the table's ms/step for (acceptance profile, batch of the run, depth), from the fixed-depth
   sets (``stock/kN``; ``stock`` is the configured depth), times a per-step and a per-run log-normal factor;
 - each request draws its acceptance per step from the profile's unconditional per-position rates (position i
@@ -126,11 +128,12 @@ class Replay:
         return sum(made) / (self.now - 0.5 - start)
 
 
-def replay(make_policy, k, cost, profiles, batches, max_tokens, seed) -> dict:
-    """`radiance bench`'s order in one engine; the timed runs' tok/s per (profile, batch)."""
+def replay(make_policy, k, cost, profiles, batches, max_tokens, seed, rounds=1) -> dict:
+    """`radiance bench`'s order in one engine, ``rounds`` times; the timed runs' tok/s per (round, profile,
+    batch)."""
     rp = Replay(make_policy(), k, cost, profiles, seed)
     out, run_id = {}, 0
-    for p in range(len(profiles)):
+    for n, p in ((n, p) for n in range(rounds) for p in range(len(profiles))):
         rp.run(p, max(batches), max_tokens, run_id)
         run_id += 1
         for b in batches:
@@ -140,24 +143,25 @@ def replay(make_policy, k, cost, profiles, batches, max_tokens, seed) -> dict:
             for _ in range(REPEATS):
                 timed.append(rp.run(p, b, max_tokens, run_id))
                 run_id += 1
-            out[(p, b)] = statistics.median(timed)
+            out[(n, p, b)] = statistics.median(timed)
     return out
 
 
-def table(policy_cls, k, cost, profiles, batches, max_tokens, seeds) -> dict:
+def table(policy_cls, k, cost, profiles, batches, max_tokens, seeds, rounds=1) -> dict:
     cells: dict = {}
     for seed in range(seeds):
-        fixed = {d: replay(lambda d=d: Fixed(d), k, cost, profiles, batches, max_tokens, seed)
+        fixed = {d: replay(lambda d=d: Fixed(d), k, cost, profiles, batches, max_tokens, seed, rounds)
                  for d in range(1, k + 1)}
-        pol = replay(lambda: policy_cls(k, tau=features.DRAFT_TAU), k, cost, profiles, batches, max_tokens, seed)
+        pol = replay(lambda: policy_cls(k, tau=features.DRAFT_TAU), k, cost, profiles, batches, max_tokens, seed,
+                     rounds)
         for cell, tok_s in pol.items():
             best = max(fixed[d][cell] for d in fixed)
             c = cells.setdefault(cell, {"vs_best": [], "vs_stock": []})
             c["vs_best"].append(tok_s / best)
             c["vs_stock"].append(tok_s / fixed[k][cell])
-    return {f"{acceptance_label(profiles[p])} B={b}": {key: {"mean": round(statistics.mean(v), 3),
-                                                             "min": round(min(v), 3)} for key, v in c.items()}
-            for (p, b), c in cells.items()}
+    return {(f"round {n + 1} " if rounds > 1 else "") + f"{acceptance_label(profiles[p])} B={b}":
+            {key: {"mean": round(statistics.mean(v), 3), "min": round(min(v), 3)} for key, v in c.items()}
+            for (n, p, b), c in cells.items()}
 
 
 def main() -> int:
@@ -165,10 +169,11 @@ def main() -> int:
     ap.add_argument("--costs", default=str(DEFAULT_COSTS), help="a `radiance bench` result with stock/kN sets")
     ap.add_argument("--baseline", help="a commit whose policy and estimator replay beside this tree's")
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=1, help="the profiles this many times over in one engine")
     ap.add_argument("--json", help="write the result here")
     a = ap.parse_args()
-    if a.seeds < 1:
-        ap.error("--seeds must be at least 1")
+    if a.seeds < 1 or a.rounds < 1:
+        ap.error("--seeds and --rounds must be at least 1")
     try:
         src = json.loads(Path(a.costs).read_text())
         k, cost, profiles, batches, max_tokens = cost_table(src)
@@ -179,16 +184,16 @@ def main() -> int:
            "commit": commit, "device": f"cpu ({platform.machine()}), simulation",
            "costs": {"file": str(Path(a.costs).resolve().relative_to(ROOT)) if Path(a.costs).resolve()
                      .is_relative_to(ROOT) else a.costs, "device": src.get("device"), "commit": src.get("commit")},
-           "seeds": a.seeds, "repeats": REPEATS, "step_jitter": STEP_JITTER, "run_jitter": RUN_JITTER,
-           "this_tree": table(depth_policy.DepthPolicy, k, cost, profiles, batches, max_tokens, a.seeds)}
+           "seeds": a.seeds, "rounds": a.rounds, "repeats": REPEATS, "step_jitter": STEP_JITTER, "run_jitter": RUN_JITTER,
+           "this_tree": table(depth_policy.DepthPolicy, k, cost, profiles, batches, max_tokens, a.seeds, a.rounds)}
     if a.baseline:
         doc["baseline"] = {"commit": a.baseline, **table(policy_at(a.baseline), k, cost, profiles, batches,
-                                                         max_tokens, a.seeds)}
+                                                         max_tokens, a.seeds, a.rounds)}
     for key, row in doc["this_tree"].items():
         base = doc.get("baseline", {}).get(key)
         was = (f"   baseline: vs best {base['vs_best']['mean']:.3f} (min {base['vs_best']['min']:.3f})"
                if base else "")
-        print(f"{key:34} vs best {row['vs_best']['mean']:.3f} (min {row['vs_best']['min']:.3f})  "
+        print(f"{key:42} vs best {row['vs_best']['mean']:.3f} (min {row['vs_best']['min']:.3f})  "
               f"vs stock {row['vs_stock']['mean']:.3f}{was}")
     if a.json:
         Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")

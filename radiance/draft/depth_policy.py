@@ -38,7 +38,9 @@ unlikely). The position before counts because a rate per position is uncondition
 depth: at 27B shapes with nothing accepted, depth 2 otherwise ran 48 of 64 steps at B = 1 while its own
 position gathered the evidence (docs/benchmarks.md, fifteenth session). The re-probes
 still visit it, since a position's acceptance is only seen while it is drafted (without both rules one bad
-first step ruled depths 2-4 out for good on the tiny model). The batch-size schedule caps the depth.
+first step ruled depths 2-4 out for good on the tiny model). A position not drafted keeps its rate given the
+position before (acceptance.py), so it rises again with that position's, and its evidence fades as drafts come
+in: tau's verdict on it lapses after ~110 drafts without it. The batch-size schedule caps the depth.
 
 Pure host logic: no torch, no vLLM; time is passed in.
 """

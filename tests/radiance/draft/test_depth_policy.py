@@ -9,16 +9,47 @@ from radiance.draft.acceptance import AcceptanceEstimate
 from radiance.draft.depth_policy import MIN_SAMPLES, DepthPolicy, bucket, depth_cap
 
 
-def test_acceptance_is_the_unconditional_rate_per_position():
+def test_acceptance_is_counted_given_the_position_before_and_read_unconditionally():
     est = AcceptanceEstimate(4, decay=1.0)
-    # drafts of 4: accepted 4, 2, 0, 1 -> position 1: 3/4, 2: 2/4, 3: 1/4, 4: 1/4
-    est.observe([4, 4, 4, 4], [4, 2, 0, 1])
-    assert est.rates() == [0.75, 0.5, 0.25, 0.25]
-    assert est.expected_tokens(2) == pytest.approx(2.25)
-    # a shallower draft reaches fewer positions: position 3 keeps its ratio
-    est.observe([2, 2], [2, 2])
-    assert est.rate(1) == pytest.approx(5 / 6) and est.rate(3) == 0.25
-    assert est.evidence(1) == 6 and est.evidence(3) == 4
+    # drafts of 4: accepted 4, 2, 0, 1 -> position 1: 3/4, 2: 2/4, 3: 1/4, 4: 1/4 (given the one before:
+    # 3/4, 2/3, 1/2, 1/1), each deeper one drawn a little towards the one before (PRIOR drafts' weight)
+    for _ in range(50):
+        est.observe([4, 4, 4, 4], [4, 2, 0, 1])
+    assert est.rates() == pytest.approx([0.75, 0.5, 0.25, 0.25], rel=0.03)
+    assert [est.conditional(i) for i in (1, 2, 3, 4)] == pytest.approx([0.75, 2 / 3, 0.5, 1.0], rel=0.03)
+    assert est.expected_tokens(2) == pytest.approx(2.25, rel=0.01)
+    # shallower drafts reach fewer positions: position 3's rate given position 2 stands, and its unconditional
+    # rate follows positions 1 and 2
+    for _ in range(50):
+        est.observe([2, 2], [2, 2])
+    assert est.rate(1) == pytest.approx(5 / 6, rel=0.01) and est.conditional(3) == pytest.approx(0.5, rel=0.03)
+    assert est.rate(3) == pytest.approx(5 / 6 * 4 / 5 * 0.5, rel=0.03)
+    assert est.evidence(1) == 300 and est.evidence(3) == 100
+
+
+def test_a_position_never_reached_with_the_one_before_accepted_reads_as_the_one_before():
+    est = AcceptanceEstimate(4, decay=1.0)
+    est.observe([1] * 10, [1] * 9 + [0])
+    # only position 1 was drafted: 0.9, and deeper positions are read as 0.9 each given the one before
+    assert est.rates() == pytest.approx([0.9, 0.81, 0.729, 0.6561])
+    assert est.evidence(1) == 10 and est.evidence(4) == 0
+    assert est.expected_tokens(4) == pytest.approx(1 + 0.9 + 0.81 + 0.729 + 0.6561)
+
+
+def test_a_few_unlucky_drafts_on_faded_evidence_do_not_pin_a_deep_position():
+    """A replay of `radiance bench`'s rounds on the fifteenth session's costs: position 2's evidence had faded
+    to ~1 draft when a rejected one came, read alone it was 0.002, and the next code-like phase ran depth 1."""
+    est = AcceptanceEstimate(4)
+    for _ in range(100):
+        est.observe([4] * 10, [4] * 9 + [1])
+    for _ in range(30):
+        est.observe([1] * 32, [1] * 16 + [0] * 16)     # depth 1 only: position 2's evidence fades
+    assert est.evidence(2) < 1.0
+    est.observe([2], [1])                              # one draft reaches position 2 and is rejected there
+    assert est.conditional(2) > 0.2                    # its own counts alone: 0.005
+    for _ in range(20):
+        est.observe([1] * 8, [1] * 8)                  # position 1 accepted again
+    assert est.rate(2) > 0.3                           # depth 2 worth probing again
 
 
 def test_acceptance_forgets_by_draft_so_a_small_batch_phase_is_seen_after_a_large_batch_one():
@@ -32,18 +63,38 @@ def test_acceptance_forgets_by_draft_so_a_small_batch_phase_is_seen_after_a_larg
     for _ in range(70):
         est.observe([4], [3])
     assert 0.45 < est.rate(4) < 0.55 and est.rate(3) == pytest.approx(1.0)
-    # a position no draft reaches keeps its estimate and its evidence (tau's rule stands until a re-probe)
-    rate, evidence = est.rate(4), est.evidence(4)
+    # a position no draft reaches with the one before accepted: its evidence fades on the common clock, and
+    # its unconditional rate falls with position 1's
+    evidence = est.evidence(4)
     for _ in range(300):
         est.observe([2], [0])
-    assert est.rate(4) == rate and est.evidence(4) == evidence and est.rate(1) < 0.1
+    assert est.evidence(4) < 0.1 * evidence
+    assert est.rate(1) < 0.1 and est.rate(4) < est.rate(1)
+
+
+def test_a_phase_that_accepts_nothing_says_nothing_about_the_deeper_positions():
+    """The H100 at 27B shapes (docs/benchmarks.md, twenty-first session): after nothing was accepted, a
+    code-like phase drafted at depth 1 only, and the deep positions' zeros never moved. Counted given the
+    position before, the zeros are position 1's alone, and code-like acceptance at position 1 brings the deep
+    positions back with it."""
+    est = AcceptanceEstimate(4)
+    for _ in range(50):
+        est.observe([4] * 8, [3] * 8)          # code-like: three of four accepted
+    for _ in range(200):
+        est.observe([4] * 8, [0] * 8)          # nothing accepted
+    assert est.rate(1) < 0.01 and est.rate(2) < 0.01
+    for _ in range(40):
+        est.observe([1] * 8, [1] * 8)          # depth 1 only, accepted again
+    assert est.rate(1) > 0.95 and est.rate(3) > 0.85  # positions 2 and 3 kept their code-like rates given the one before
+    assert est.expected_tokens(4) > est.expected_tokens(1) + 1.5
 
 
 def test_acceptance_unknown_until_reached_and_decays_towards_new_traffic():
     est = AcceptanceEstimate(3, decay=0.5)
     assert est.rate(1) is None and est.expected_tokens(1) is None
     est.observe([1], [1])
-    assert est.expected_tokens(1) == 2.0 and est.expected_tokens(2) is None
+    # position 2 takes position 1's rate until a draft reaches it with position 1 accepted
+    assert est.expected_tokens(1) == 2.0 and est.expected_tokens(2) == 3.0
     for _ in range(20):
         est.observe([1, 1], [0, 0])
     assert est.rate(1) < 0.01
@@ -174,11 +225,18 @@ def test_one_time_costs_on_the_first_steps_do_not_settle_the_policy_on_the_wrong
     assert max(set(tail), key=tail.count) == 4, eng.chosen[:80]
 
 
-def test_a_depth_tau_ruled_out_is_still_re_probed_and_comes_back_when_accepted_again():
-    eng = Engine(DepthPolicy(4, tau=0.3), {1: 0.020, 2: 0.0205, 3: 0.021, 4: 0.0215}, [0.8, 0.0, 0.0, 0.0])
+def test_a_depth_whose_drafts_are_rejected_is_left_re_probed_and_comes_back_when_accepted_again():
+    cost, rates = {1: 0.020, 2: 0.0205, 3: 0.021, 4: 0.0215}, [0.8, 0.0, 0.0, 0.0]
+    eng = Engine(DepthPolicy(4, tau=0.3), cost, rates)
     for _ in range(150):
         eng.step(8)
-    assert eng.policy.candidates(8) == [1] and eng.chosen[-50:].count(1) > 45
+    # position 2 is read near its 0; as its evidence fades it is drawn towards position 1's rate and re-probed
+    # (~1 step in 5 here, where depth 2 costs 2.5% more than depth 1): 0.99x depth 1 alone. The price of not
+    # locking a depth out for good (before acceptance.PRIOR: 46 of 50 steps at depth 1)
+    tail = eng.chosen[-50:]
+    assert eng.policy.acceptance.rate(2) < 0.1 and tail.count(1) > 35
+    made = sum(1 + sum(rates[:d]) for d in tail) / sum(cost[d] for d in tail)
+    assert made > 0.98 * tokens_per_s(cost, rates, 1)
     eng.rates = [0.9, 0.85, 0.8, 0.75]          # the traffic changes: deep drafts pay again
     for _ in range(600):
         eng.step(8)
@@ -277,3 +335,23 @@ def test_a_new_bucket_does_not_probe_a_depth_the_nearest_bucket_says_cannot_win(
     for b in [32] * 30:
         eng.step(b)
     assert 1 in eng.chosen[n:]           # prose-like: 1.5 tokens at that speed could win, so it is timed
+
+
+def test_after_a_phase_that_accepts_nothing_code_like_acceptance_brings_the_deep_depths_back():
+    """The H100 at 27B shapes (docs/benchmarks.md, twenty-first session): code-like acceptance after a phase
+    that accepted nothing ran at depth 1 in every step (0.56x-0.70x stock), the deep positions' zeros never
+    seen again. Step costs here are that session's B = 1 ms/step at each fixed depth (fifteenth session)."""
+    cost = {1: 0.0220, 2: 0.0241, 3: 0.0261, 4: 0.0281}
+    code = [0.908, 0.824, 0.748, 0.679]
+    eng = Engine(DepthPolicy(4, tau=0.1), cost, code)
+    for _ in range(100):
+        eng.step(8)
+    eng.rates = [0.0, 0.0, 0.0, 0.0]
+    for _ in range(300):
+        eng.step(8)
+    assert eng.chosen[-100:].count(1) > 90        # nothing accepted: depth 1, as the best fixed depth
+    eng.rates = code
+    for _ in range(300):
+        eng.step(8)
+    tail = eng.chosen[-150:]
+    assert tail.count(4) > 120, tail

@@ -139,10 +139,15 @@ def test_observe_counts_only_drafted_positions_and_times_only_plain_decode_steps
     policy = p.attach(types.SimpleNamespace(vllm_config=_config()))
     so, mro = _outputs({"a": 4, "b": 4}, {"a": 4, "b": 1}, made=2)
     p.observe(policy, so, mro)            # verified 4 drafted (the first step's k)
-    assert policy.acceptance.rates() == [1.0, 0.5, 0.5, 0.5]
+    # reached with the one before accepted: both at 1, both at 2 (1 accepted), only "a" at 3 and 4
+    assert [policy.acceptance.evidence(i) for i in (1, 2, 3, 4)] == [2, 2, 1, 1]
+    assert policy.acceptance.rate(1) == 1.0
     so, mro = _outputs({"a": 4, "b": 4}, {"a": 4, "b": 4}, made=2)
     p.observe(policy, so, mro)            # verified 2 drafted + 2 padding: the padding's acceptance is not MTP's
-    assert policy.acceptance.rate(3) == pytest.approx(0.5 * 0.99 / 0.99)
+    # positions 3 and 4 were not drafted: their evidence only fades by the step's two drafts; position 2
+    # gained two drafts, both accepted
+    assert policy.acceptance.evidence(3) == pytest.approx(0.99 ** 2)
+    assert policy.acceptance.evidence(2) == pytest.approx(2 * 0.99 ** 2 + 2)
     policy.choose(2)
     for _ in range(3):
         p.observe(policy, so, mro)
