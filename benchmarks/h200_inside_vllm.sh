@@ -32,6 +32,13 @@
 # --rounds 1, which proves the level-2 path (sleep, wake, redraw, measure) with one unrepeated pair. The
 # report is rewritten after every measured pair, so WATCH can be what is left less ~30 s: a call cut short
 # keeps each pair it measured.
+# Twenty-first session (H100): that table ran, level 2 and all (start call 560 s, one poll 362 s; sleep 0.1-1.5 s,
+# wake 0.25-0.52 s), and the fault it showed (the synthetic rates lost over a level-2 sleep) is fixed. Next,
+# issue 37's fourth point with dynamic-draft's rebuilt estimate, the same options and ~920 s after staging:
+#   table-start COMMIT "stock,only-dynamic_draft,stock/k1,stock/k2" ... (an H200 adds stock/k3 as a fifth set)
+# then, with ~400 s left, "stock,dynamic_draft+w4_drafter+int4_head" --rounds 1. Should dynamic-draft's B = 8
+# runs stall again (177-270 ms a step there), a call with --vllm-arg enable-logging-iteration-details=true
+# logs every step's time: one long step (a kernel compiled at run time) or many slow ones.
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"
