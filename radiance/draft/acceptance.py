@@ -43,6 +43,7 @@ class AcceptanceEstimate:
         self.decay = decay
         self._tried = [0.0] * depth    # drafts that reached position i with i - 1 accepted (decayed)
         self._kept = [0.0] * depth     # of those, accepted at i
+        self._read: list[float] | None = None   # the unconditional rates, until the next observe
 
     def observe(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
         """One finished step: per request, tokens drafted and tokens the target accepted."""
@@ -54,6 +55,7 @@ class AcceptanceEstimate:
                 tried[i] += 1
             for i in range(a):
                 kept[i] += 1
+        self._read = None
         f = self.decay ** tried[0]   # one clock for every position: the drafts of this step
         for i in range(self.depth):
             self._tried[i] = self._tried[i] * f + tried[i]
@@ -77,13 +79,18 @@ class AcceptanceEstimate:
     def rate(self, position: int) -> float | None:
         """Estimated unconditional acceptance at 1-based ``position``; None until a draft has reached
         position 1."""
-        r = 1.0
-        for p in range(1, position + 1):
-            c = self.conditional(p)
-            if c is None:
+        if self._read is None:
+            if self._tried[0] <= 0.0:
                 return None
-            r *= c
-        return r
+            # every position in one pass: the policy reads them several times a step, on the host
+            read, r, c = [], 1.0, self._kept[0] / self._tried[0]
+            for i in range(self.depth):
+                if i:
+                    c = (self._kept[i] + PRIOR * c) / (self._tried[i] + PRIOR)
+                r *= c
+                read.append(r)
+            self._read = read
+        return self._read[position - 1]
 
     def evidence(self, position: int) -> float:
         """Drafts (decayed) that reached 1-based ``position`` with the one before accepted."""
