@@ -36,9 +36,11 @@
 # wake 0.25-0.52 s), and the fault it showed (the synthetic rates lost over a level-2 sleep) is fixed. Next,
 # issue 37's fourth point with dynamic-draft's rebuilt estimate, the same options and ~920 s after staging:
 #   table-start COMMIT "stock,only-dynamic_draft,stock/k1,stock/k2" ... (an H200 adds stock/k3 as a fifth set)
-# then, with ~400 s left, "stock,dynamic_draft+w4_drafter+int4_head" --rounds 1. Should dynamic-draft's B = 8
-# runs stall again (177-270 ms a step there), a call with --vllm-arg enable-logging-iteration-details=true
-# logs every step's time: one long step (a kernel compiled at run time) or many slow ones.
+# then, with ~400 s left, "stock,dynamic_draft+w4_drafter+int4_head" --rounds 1. Four of that session's
+# dynamic-draft B = 8 runs stepped at 177-270 ms throughout (23-28 ms otherwise): with
+# --vllm-arg enable-logging-iteration-details=true (every set alike; logging only) each poll leaves every step's
+# time and tokens in $OUT/steps-SET.log.gz, to say whether the steps themselves are slow or the engine waits
+# between them.
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"
@@ -122,7 +124,12 @@ case "$step" in
     done
     cp /tmp/table/report.json "$OUT/" 2>/dev/null; tail -n 60 /tmp/table/bench.log; cat /tmp/table/rc 2>/dev/null
     grep -h -E "radiance|Error|Traceback|declin|latched|took|KV cache|[Aa]sync" /tmp/table/report-logs/*.log 2>/dev/null \
-      | grep -v -E "DeprecationWarning|warnings.warn" | cut -c1-300 | tail -n 400 > "$OUT/table.log" ;;
+      | grep -v -E "DeprecationWarning|warnings.warn" | cut -c1-300 | tail -n 400 > "$OUT/table.log"
+    # vLLM's per-step lines (--vllm-arg enable-logging-iteration-details=true), each set's apart and compressed:
+    # a step's time and tokens beside the bench's "B=..." lines, for runs whose steps are slow throughout
+    for f in /tmp/table/report-logs/*.log; do
+      [ -f "$f" ] && grep -h -E "Iteration\(|radiance bench:" "$f" | gzip > "$OUT/steps-$(basename "$f" .log).log.gz"
+    done ;;
   headscale)  # issue 38: the gate's target check against int4-head's plan forced to 4-bit up to 40 rows on the
     # trained tiny model (benchmarks/gate_head_scale.sh says what each of its three runs expects)
     bash benchmarks/gate_head_scale.sh profiles/tiny-gpu.yaml "${3:-40}"; echo "headscale rc=$?" ;;
