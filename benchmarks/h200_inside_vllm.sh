@@ -41,6 +41,11 @@
 # --vllm-arg enable-logging-iteration-details=true (every set alike; logging only) each poll leaves every step's
 # time and tokens in $OUT/steps-SET.log.gz, to say whether the steps themselves are slow or the engine waits
 # between them.
+# Twenty-second session (H100; ~850 s lost to starts that failed): "stock,only-dynamic_draft,stock/k1" with
+# those options, 580 s + a 92 s poll after staging. The rebuilt estimate holds depth 4 code-like (1.00x / 0.95x /
+# 1.01x stock); the stall is the engine idle ~10 s between two runs (docs/benchmarks.md). Next:
+#   table-start COMMIT "stock,only-dynamic_draft,stock/k2,stock/k3" --rounds 4 ... (~1100 s after staging),
+# then what is left to "stock,dynamic_draft+int4_head" --rounds 3.
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"
