@@ -46,6 +46,15 @@
 # 1.01x stock); the stall is the engine idle ~10 s between two runs (docs/benchmarks.md). Next:
 #   table-start COMMIT "stock,only-dynamic_draft,stock/k2,stock/k3" --rounds 4 ... (~1100 s after staging),
 # then what is left to "stock,dynamic_draft+int4_head" --rounds 3.
+# Twenty-third session: the stall's likeliest cause is a Triton kernel compiled on first use (a new depth gives
+# new token counts, and Triton specializes on them); the bench left vLLM's JIT warm-up off, and with it vLLM's
+# JIT monitor, which logs "... during inference" for each compile or autotune after warm-up. So every set now
+# runs at that default (no kernel-config arg), and one table takes issue 37's fourth point in one call, at the
+# two cited acceptance profiles (acceptance 0 left out for time), six engines at 0.85 (a sleeping engine keeps
+# ~1.73 GiB: six at 0.9 would not fit an H100):
+#   table-start COMMIT "stock,only-dynamic_draft,stock/k1,stock/k2,stock/k3,dynamic_draft+int4_head"
+#     --keep-reference --take-turns --rounds 3 --repeat 1 + the two --acceptance profiles
+#     --vllm-arg gpu-memory-utilization=0.85 --vllm-arg enable-logging-iteration-details=true
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"
@@ -128,12 +137,13 @@ case "$step" in
       sleep 10; cp /tmp/table/report.json "$OUT/" 2>/dev/null; save_verdicts
     done
     cp /tmp/table/report.json "$OUT/" 2>/dev/null; tail -n 60 /tmp/table/bench.log; cat /tmp/table/rc 2>/dev/null
-    grep -h -E "radiance|Error|Traceback|declin|latched|took|KV cache|[Aa]sync" /tmp/table/report-logs/*.log 2>/dev/null \
+    grep -h -E "radiance|Error|Traceback|declin|latched|took|KV cache|[Aa]sync|during inference|JIT monitor|utotun" /tmp/table/report-logs/*.log 2>/dev/null \
       | grep -v -E "DeprecationWarning|warnings.warn" | cut -c1-300 | tail -n 400 > "$OUT/table.log"
     # vLLM's per-step lines (--vllm-arg enable-logging-iteration-details=true), each set's apart and compressed:
-    # a step's time and tokens beside the bench's "B=..." lines, for runs whose steps are slow throughout
+    # a step's time and tokens beside the bench's "B=..." lines, for runs whose steps are slow throughout; and
+    # vLLM's JIT monitor (on with its default JIT warm-up): a kernel compiled or autotuned while serving, in time
     for f in /tmp/table/report-logs/*.log; do
-      [ -f "$f" ] && grep -h -E "Iteration\(|radiance bench:" "$f" | gzip > "$OUT/steps-$(basename "$f" .log).log.gz"
+      [ -f "$f" ] && grep -h -E "Iteration\(|radiance bench:|during inference|utotun" "$f" | gzip > "$OUT/steps-$(basename "$f" .log).log.gz"
     done ;;
   headscale)  # issue 38: the gate's target check against int4-head's plan forced to 4-bit up to 40 rows on the
     # trained tiny model (benchmarks/gate_head_scale.sh says what each of its three runs expects)
