@@ -55,6 +55,11 @@
 #   table-start COMMIT "stock,only-dynamic_draft,stock/k1,stock/k2,stock/k3,dynamic_draft+int4_head"
 #     --keep-reference --take-turns --rounds 3 --repeat 1 + the two --acceptance profiles
 #     --vllm-arg gpu-memory-utilization=0.85 --vllm-arg enable-logging-iteration-details=true
+# It ran (H100, ~850 s lost to starts that failed) as "stock,only-dynamic_draft" --rounds 4 alone: 566 s + a 42 s
+# poll after staging (the JIT warm-up: 34 s of the first engine's start, 10 s of the second). No stall in 24
+# cells; code-like B = 8 0.89x, its host share per step ~3.4 ms over stock's (docs/benchmarks.md). Next, first
+# whether dynamic-draft's path costs that at stock's own depth (~650 s), then the plan above:
+#   table-start COMMIT "stock,only-dynamic_draft" --rounds 4 ... --engine-env RADIANCE_DRAFT_PIN_DEPTH=4
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"

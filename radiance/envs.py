@@ -111,6 +111,10 @@ def _positive(value: int) -> str | None:
     return None if value > 0 else "must be > 0"
 
 
+def _non_negative(value: int) -> str | None:
+    return None if value >= 0 else "must be >= 0"
+
+
 def _switch(feature: features.Feature) -> Knob:
     """A feature's on/off knob, from its row in features.py: off unless set; it shapes the engine."""
     return Knob(feature.knob, "0", parse_bool, feature.knob_doc, engine=True)
@@ -133,6 +137,11 @@ _KNOBS = (
     Knob("RADIANCE_DRAFT_SCHEDULE", features.DRAFT_SCHEDULE, parse_schedule,
          "Batch-size schedule 'bs:max_depth,...' capping the draft depth (carry-forward); empty "
          "disables the cap.", engine=True),
+    # not an engine knob: every depth's graphs are captured either way, only the choice changes
+    Knob("RADIANCE_DRAFT_PIN_DEPTH", "0", _parse_int,
+         "Diagnostics: every step at this draft depth (capped at k) through dynamic-draft's own path (vLLM's "
+         "per-batch-size lookup, the policy's choice and observation, the counters), to measure that path "
+         "against stock at the same depth; 0 leaves the depth to the policy.", check=_non_negative),
     # --- w4-drafter / int4-head: the 4-bit quantiser ----------------------------------
     Knob("RADIANCE_W4_GROUP_SIZE", str(features.W4_GROUP_SIZE), _parse_int,
          "Group size along K of the 4-bit quantiser.", check=_positive, engine=True),

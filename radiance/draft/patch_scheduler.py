@@ -154,6 +154,7 @@ class DynamicDraftPatch(Patch):
         super().__init__()
         self.tau = 0.0
         self.schedule: tuple[tuple[int, int], ...] = ()
+        self.pin = 0                   # RADIANCE_DRAFT_PIN_DEPTH: a diagnostic's fixed depth, 0 = the policy's
         self.counters: DraftCounters | None = None
         self._ranks: dict = {}         # the workers' reports as last seen passing through
         self._verified = 0             # drafts the drafter made for the step now running (the rest padding)
@@ -164,6 +165,7 @@ class DynamicDraftPatch(Patch):
         try:
             self.tau = envs.get("RADIANCE_DRAFT_TAU")
             self.schedule = tuple(envs.get("RADIANCE_DRAFT_SCHEDULE"))
+            self.pin = envs.get("RADIANCE_DRAFT_PIN_DEPTH")
         except envs.KnobError as exc:  # a bad knob is a startup error, said once and clearly
             return str(exc)
         return None
@@ -188,6 +190,9 @@ class DynamicDraftPatch(Patch):
         policy = DepthPolicy(k, tau=self.tau, schedule=self.schedule)
         setattr(scheduler, POLICY_ATTR, policy)
         self._verified = k
+        if self.pin:
+            logger.warning("radiance: dynamic-draft pinned at depth %d by RADIANCE_DRAFT_PIN_DEPTH (diagnostics: "
+                           "the policy still runs, its choice is set aside)", min(self.pin, k))
         if runs_on_v2(cfg):
             scheduler.dynamic_sd_lookup = PolicyLookup(self, policy)
             logger.info("radiance: dynamic-draft chooses each step's draft depth (1..%d) in the scheduler; "
@@ -214,8 +219,11 @@ class DynamicDraftPatch(Patch):
         if not self.latched_off:
             try:
                 decision = policy.choose(batch_size)
-                self.counters.record_choice(decision.depth, decision.probe)
-                return decision.depth
+                depth, probe = decision.depth, decision.probe
+                if self.pin:   # the whole path still runs (choice, counters); only its answer is replaced
+                    depth, probe = min(self.pin, policy.k), False
+                self.counters.record_choice(depth, probe)
+                return depth
             except Exception as exc:
                 self.latch_off(f"depth policy: {type(exc).__name__}: {exc}")
         self.counters.add(fallback_steps=1)

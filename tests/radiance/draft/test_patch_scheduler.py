@@ -121,6 +121,22 @@ def test_attach_gives_the_scheduler_a_policy_or_declines_once():
     assert p.attach(ngram) is False and getattr(ngram, POLICY_ATTR) is False
 
 
+def test_a_pinned_depth_replaces_the_policys_choice_and_is_what_the_counters_see(monkeypatch):
+    monkeypatch.setenv("RADIANCE_DRAFT_PIN_DEPTH", "3")
+    p = _patch()
+    assert p.guard() is None and p.pin == 3
+    s = types.SimpleNamespace(vllm_config=_config())
+    policy = p.attach(s)
+    assert [p.choose(policy, b) for b in (1, 8, 32)] == [3, 3, 3]   # unpinned, untimed: 4
+    depths = {labels["depth"]: d for metric, labels, d, _ in p.counters.take_deltas()
+              if metric == "radiance:draft_depth_steps"}
+    assert depths == {"3": 3}
+    monkeypatch.setenv("RADIANCE_DRAFT_PIN_DEPTH", "9")
+    assert p.guard() is None and p.choose(policy, 8) == 4          # capped at k
+    monkeypatch.setenv("RADIANCE_DRAFT_PIN_DEPTH", "-1")
+    assert "RADIANCE_DRAFT_PIN_DEPTH" in p.guard()
+
+
 def _outputs(drafts: dict[str, int], accepted: dict[str, int], made: int, extra_prefill: bool = False):
     scheduled = {r: n + 1 for r, n in drafts.items()}
     if extra_prefill:
