@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 _CELL = re.compile(r"^radiance bench: (\S+) B=(\d+)(?: at (\S+?))?: ")
-_STEP = re.compile(r"(\d+) context requests, \d+ context tokens, \d+ generation requests, (\d+) generation "
+_STEP = re.compile(r"(\d+) context requests, \d+ context tokens, \d+ generation requests, \d+ generation "
                    r"tokens, iteration elapsed time: ([\d.]+) ms")
 
 
@@ -40,7 +40,7 @@ def read_cells(lines) -> dict[str, list[tuple[int, str | None, list[tuple[int, f
             continue
         m = _STEP.search(line)
         if m:
-            steps.append((int(m.group(1)), float(m.group(3))))
+            steps.append((int(m.group(1)), float(m.group(2))))
     return cells
 
 
@@ -74,13 +74,11 @@ def split(report: dict, cells: dict[str, list]) -> list[dict]:
                                  f"is logged as B={batch} at {label}")
             decode = [wait for ctx, wait in timed_run(steps) if ctx == 0]
             decode_ms = 1e3 * (row["wall_s"] - row["first_token_s"])
-            acc.setdefault((label, batch), []).append((sum(decode) / len(decode), (decode_ms - sum(decode)) / len(decode),
-                                                      decode_ms / len(decode)))
+            acc.setdefault((label, batch), []).append((sum(decode) / len(decode), decode_ms / len(decode)))
         for (label, batch), v in acc.items():
-            n = len(v)
-            rows.append({"set": name, "acceptance": label, "batch": batch, "rounds": n,
-                         "wait_ms": round(sum(x[0] for x in v) / n, 1), "host_ms": round(sum(x[1] for x in v) / n, 1),
-                         "total_ms": round(sum(x[2] for x in v) / n, 1)})
+            wait, total = (sum(x[i] for x in v) / len(v) for i in (0, 1))
+            rows.append({"set": name, "acceptance": label, "batch": batch, "rounds": len(v), "wait_ms": round(wait, 1),
+                         "host_ms": round(total - wait, 1), "total_ms": round(total, 1)})
     return rows
 
 
