@@ -60,6 +60,13 @@
 # cells; code-like B = 8 0.89x, its host share per step ~3.4 ms over stock's (docs/benchmarks.md). Next, first
 # whether dynamic-draft's path costs that at stock's own depth (~650 s), then the plan above:
 #   table-start COMMIT "stock,only-dynamic_draft" --rounds 4 ... --engine-env RADIANCE_DRAFT_PIN_DEPTH=4
+# Twenty-fourth session: 64 tokens a request is ~16 decode steps a run, too few to tell 3 ms a step from the
+# prefill subtracted and the tail; and the pinned path belongs beside the unpinned one in the same call. So three
+# sets, the third dynamic-draft pinned at stock's depth (a set's own env: SET:NAME=VALUE), 192 tokens, 3 rounds
+# (~37 s a set and round at 64 tokens, 21 of them the wake and the weights drawn again: ~1000 s after staging):
+#   table-start COMMIT "stock,only-dynamic_draft,dynamic_draft" --keep-reference --take-turns --rounds 3
+#     --repeat 1 --max-tokens 192 + the two --acceptance profiles --vllm-arg enable-logging-iteration-details=true
+#     --engine-env dynamic_draft:RADIANCE_DRAFT_PIN_DEPTH=4
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"

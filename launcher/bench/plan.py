@@ -105,6 +105,27 @@ def parse(spec: str, profile: Profile, platform: str) -> list[FeatureSet]:
     return sets
 
 
+def engine_env(pairs: list[tuple[str, str]], sets: list[FeatureSet]) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """``--engine-env`` items as (every engine's, each set's): a key ``SET:NAME`` is that set's alone (a
+    diagnostic knob beside the same set without it: ``dynamic_draft:RADIANCE_DRAFT_PIN_DEPTH=4`` next to
+    ``only-dynamic_draft``). ValueError names a set that is not measured."""
+    names = [s.name for s in sets]
+    common: dict[str, str] = {}
+    per_set: dict[str, dict[str, str]] = {}
+    for key, value in pairs:
+        set_name, colon, name = key.rpartition(":")
+        if not colon:
+            common[key] = value
+            continue
+        if not name:
+            raise ValueError(f"{key}={value!r}: no variable name after {set_name}: — fix: SET:NAME=VALUE")
+        if set_name not in names:
+            raise ValueError(f"{key}={value!r}: {set_name!r} is not one of the sets measured ({', '.join(names)}) "
+                             "— fix: SET:NAME=VALUE with SET as written in --sets")
+        per_set.setdefault(set_name, {})[name] = value
+    return common, per_set
+
+
 def for_set(profile: Profile, fs: FeatureSet) -> Profile:
     """The profile as the set runs it: its features, and its draft depth where the set names one."""
     p = with_features(profile, fs.features)

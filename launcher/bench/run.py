@@ -45,6 +45,7 @@ class Options:
     lossless_batches: list[int] = field(default_factory=list)
     eps: float = DEFAULT_EPS
     engine_env: dict[str, str] = field(default_factory=dict)
+    set_env: dict[str, dict[str, str]] = field(default_factory=dict)   # by set name, over engine_env
     timeout_s: float = 1800.0
     # vLLM's synthetic rejection sampler (rounds.py): each profile's rates in turn, in one engine per set
     acceptance: list[list[float]] | None = None
@@ -99,6 +100,7 @@ def _engine(fs: plan.FeatureSet, profile: Profile, platform: str, opts: Options,
     env = dict(os.environ)
     env.update(engine_env(fs, cfg.env, platform))
     env.update(opts.engine_env)
+    env.update(opts.set_env.get(fs.name, {}))
     env.update(cfg.secret_env)
     env.setdefault("PYTHONUNBUFFERED", "1")
     job = {"set": fs.name, "server_args": server_args, "batches": opts.batches, "max_tokens": opts.max_tokens,

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from pathlib import Path
 
 import click
+
+from radiance import envs
 
 from .. import console, errors, paths, platforms
 from ._common import JSON_OPT, PROFILE_ARG, check_knobs, load
@@ -33,8 +36,20 @@ def _pairs(option: str, items: tuple[str, ...], example: str, form: str = "NAME=
     return out
 
 
-def _engine_env(items: tuple[str, ...]) -> dict[str, str]:
-    return dict(_pairs("--engine-env", items, "VLLM_LOGGING_LEVEL=DEBUG"))
+def _engine_env(items: tuple[str, ...], sets) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """Every engine's extra environment, and each named set's own (``SET:NAME=VALUE``): a set's wins."""
+    from ..bench import plan
+
+    pairs = _pairs("--engine-env", items, "VLLM_LOGGING_LEVEL=DEBUG", "[SET:]NAME=VALUE")
+    try:
+        common, per_set = plan.engine_env(pairs, sets)
+    except ValueError as exc:
+        raise errors.UsageError(f"--engine-env {exc}") from None
+    for extra in [common, *per_set.values()]:   # a bad knob would only decline a feature in the engine's log
+        problems = envs.validate_all({**os.environ, **common, **extra})
+        if problems:
+            raise errors.UsageError(f"--engine-env: {problems[0]} — fix: correct its value (see radiance/envs.py)")
+    return common, per_set
 
 
 def _with_vllm_args(profile, items: tuple[str, ...]):
@@ -197,8 +212,10 @@ def _check_keep_reference(profile, profile_path: str, sets, platform: str, take_
                    "git metadata is not the tree's).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Write the JSON report here (default: $RADIANCE_HOME/reports/bench-PROFILE-TIME.json).")
-@click.option("--engine-env", multiple=True, metavar="NAME=VALUE",
-              help="Extra environment for every engine (repeatable), e.g. VLLM_LOGGING_LEVEL=DEBUG.")
+@click.option("--engine-env", multiple=True, metavar="[SET:]NAME=VALUE",
+              help="Extra environment for every engine, or with SET: for that set's alone (repeatable), e.g. "
+                   "VLLM_LOGGING_LEVEL=DEBUG or dynamic_draft:RADIANCE_DRAFT_PIN_DEPTH=4; a set's RADIANCE_* "
+                   "knobs are recorded in the report.")
 @click.option("--vllm-arg", "vllm_arg", multiple=True, metavar="KEY=VALUE",
               help="Override one of the profile's vllm_args for every set (repeatable), e.g. enforce-eager=true; "
                    "recorded in the report.")
@@ -250,6 +267,7 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
         raise errors.UsageError("--acceptance: vLLM's synthetic rejection sampling runs on GPUs only, not on "
                                 "the cpu platform — fix: leave --acceptance out on CPU")
     sets = plan.parse(sets_spec or plan.default_sets(profile, platform), profile, platform)
+    common_env, set_env = _engine_env(engine_env, sets)
     if take_turns and not keep_reference:
         raise errors.UsageError("--take-turns: only with --keep-reference (every set's engine kept loaded, one "
                                 "awake at a time) — fix: add --keep-reference, or leave --take-turns out")
@@ -259,7 +277,7 @@ def command(profile_path: str, sets_spec: str | None, batch_raw: str, max_tokens
     out = Path(out_path) if out_path else paths.reports_dir() / f"bench-{profile.name}-{stamp}.json"
     opts = run.Options(batches=batches, max_tokens=max_tokens, prompt_tokens=prompt_tokens, repeat=repeat,
                        lossless_batches=[b for b in lossless_batches if b in batches],
-                       eps=DEFAULT_EPS if eps is None else eps, engine_env=_engine_env(engine_env),
+                       eps=DEFAULT_EPS if eps is None else eps, engine_env=common_env, set_env=set_env,
                        timeout_s=profile.runtime.startup_timeout_s + 1200, acceptance=acceptance, rounds=rounds,
                        keep_reference=keep_reference, take_turns=take_turns)
     out.parent.mkdir(parents=True, exist_ok=True)

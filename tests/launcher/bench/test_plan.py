@@ -83,3 +83,19 @@ def test_depth_suffix_sets_the_draft_tokens_and_is_no_stock_reference():
     for bad in ("stock/2", "stock/k0", "stock/kx", "stock/k17"):
         with pytest.raises(UsageError, match="fix: /k1"):
             plan.parse(bad, TINY, "cuda")
+
+
+def test_engine_env_with_a_set_prefix_is_that_sets_alone():
+    sets = plan.parse("stock,only-dynamic_draft,dynamic_draft", TINY, "cuda")
+    common, per_set = plan.engine_env([("VLLM_LOGGING_LEVEL", "DEBUG"),
+                                       ("dynamic_draft:RADIANCE_DRAFT_PIN_DEPTH", "4")], sets)
+    assert common == {"VLLM_LOGGING_LEVEL": "DEBUG"}
+    assert per_set == {"dynamic_draft": {"RADIANCE_DRAFT_PIN_DEPTH": "4"}}
+
+
+@pytest.mark.parametrize("key,needle", [("dd:RADIANCE_DRAFT_PIN_DEPTH", "not one of the sets measured"),
+                                        ("stock:", "no variable name")])
+def test_engine_env_for_a_set_not_measured_is_refused(key, needle):
+    sets = plan.parse("stock,only-dynamic_draft", TINY, "cuda")
+    with pytest.raises(ValueError, match=needle):
+        plan.engine_env([(key, "4")], sets)

@@ -35,3 +35,17 @@ def test_no_override_is_the_same_profile():
 def test_bad_override_is_a_usage_error(item, needle):
     with pytest.raises(errors.UsageError, match=needle):
         bench._with_vllm_args(load(PROFILE), (item,))
+
+
+def test_a_sets_engine_env_reaches_that_engine_alone_and_a_bad_knob_is_refused(tmp_path):
+    from launcher.bench import plan, run
+
+    profile = load(PROFILE)
+    sets = plan.parse("stock,only-dynamic_draft,dynamic_draft", profile, "cuda")
+    common, per_set = bench._engine_env(("dynamic_draft:RADIANCE_DRAFT_PIN_DEPTH=4",), sets)
+    opts = run.Options(batches=[1], max_tokens=8, engine_env=common, set_env=per_set)
+    engines = {fs.name: run._engine(fs, profile, "cuda", opts, tmp_path) for fs in sets}
+    assert engines["dynamic_draft"].env["RADIANCE_DRAFT_PIN_DEPTH"] == "4"
+    assert "RADIANCE_DRAFT_PIN_DEPTH" not in engines["only-dynamic_draft"].env
+    with pytest.raises(errors.UsageError, match="RADIANCE_DRAFT_PIN_DEPTH"):
+        bench._engine_env(("dynamic_draft:RADIANCE_DRAFT_PIN_DEPTH=-1",), sets)
