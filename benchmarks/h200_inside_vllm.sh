@@ -66,7 +66,9 @@
 # (~37 s a set and round at 64 tokens, 21 of them the wake and the weights drawn again: ~1000 s after staging):
 #   table-start COMMIT "stock,only-dynamic_draft,dynamic_draft" --keep-reference --take-turns --rounds 3
 #     --repeat 1 --max-tokens 192 + the two --acceptance profiles --vllm-arg enable-logging-iteration-details=true
-#     --engine-env dynamic_draft:RADIANCE_DRAFT_PIN_DEPTH=4
+#     --engine-env dynamic_draft:RADIANCE_DRAFT_PIN_DEPTH=4 --vllm-arg cudagraph-metrics=true
+# (the last: vLLM's table of the graph each step replayed, FULL / PIECEWISE / NONE by token count, every ~10 s:
+# a depth the target or the drafter has no full graph for would show there, kept with the step lines)
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"
@@ -155,7 +157,7 @@ case "$step" in
     # a step's time and tokens beside the bench's "B=..." lines, for runs whose steps are slow throughout; and
     # vLLM's JIT monitor (on with its default JIT warm-up): a kernel compiled or autotuned while serving, in time
     for f in /tmp/table/report-logs/*.log; do
-      [ -f "$f" ] && grep -h -E "Iteration\(|radiance bench:|during inference|utotun" "$f" | gzip > "$OUT/steps-$(basename "$f" .log).log.gz"
+      [ -f "$f" ] && grep -h -E "Iteration\(|radiance bench:|during inference|utotun|CUDAGraph|^\| " "$f" | gzip > "$OUT/steps-$(basename "$f" .log).log.gz"
     done ;;
   headscale)  # issue 38: the gate's target check against int4-head's plan forced to 4-bit up to 40 rows on the
     # trained tiny model (benchmarks/gate_head_scale.sh says what each of its three runs expects)
