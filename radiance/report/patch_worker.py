@@ -13,7 +13,8 @@ Hooks:
 ``Worker.execute_model`` / ``Worker.sample_tokens`` (``WorkerHooks``)
     on TP rank 0 (the rank whose output vLLM's executor returns), the step's payload
     (``channel.take_payload``) is attached to the ``ModelRunnerOutput`` as ``radiance``; an async output
-    gets it on the plain output it wraps. A step with no output keeps it for the next.
+    (V1's or Model Runner V2's, whose attribute names differ: ``_WRAPPED``) gets it on the plain output it
+    wraps. A step with no output keeps it for the next.
 Fail closed: a failure here is logged once and the step is untouched; a failed gather leaves each
 rank's report as it was (and says so).
 """
@@ -184,10 +185,26 @@ class WorkerReportPatch(Patch):
             self._pending = channel.merge(self._pending, payload)
         if self._pending is None:
             return
-        target = getattr(out, "_model_runner_output", out)  # an async output wraps the plain one
-        if isinstance(target, ModelRunnerOutput):
+        target = _plain_output(out, ModelRunnerOutput)
+        if target is not None:
             setattr(target, channel.FIELD, self._pending)
             self._pending = None
+
+
+# Where an asynchronous output keeps the plain one it wraps: V1's runner (``AsyncGPUModelRunnerOutput``) and
+# Model Runner V2 (``vllm.v1.worker.gpu.async_utils.AsyncOutput``, every step under async scheduling).
+_WRAPPED = ("_model_runner_output", "model_runner_output")
+
+
+def _plain_output(out, plain_type):
+    """The ``ModelRunnerOutput`` the scheduler will read for this step's output, or None."""
+    if isinstance(out, plain_type):
+        return out
+    for attr in _WRAPPED:
+        inner = getattr(out, attr, None)
+        if isinstance(inner, plain_type):
+            return inner
+    return None
 
 
 PATCHES = [WorkerReportPatch()]

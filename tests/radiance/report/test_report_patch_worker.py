@@ -156,6 +156,29 @@ def test_an_async_output_stand_in_gets_it_on_the_plain_output_it_wraps(fresh_cha
     assert plain.radiance["ranks"] == {"0": [ROW]} and not hasattr(wrapper, "radiance")
 
 
+def test_model_runner_v2s_async_output_stand_in_gets_it_on_the_plain_output(fresh_channel, monkeypatch, hooked):
+    """No GPU here to build V2's AsyncOutput (CUDA streams and events): a stand-in with its attribute, which
+    the next test holds to vLLM's own class. Every V2 step under async scheduling returns one, so without
+    this the ranks' rows never left a GPU engine."""
+    monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: True)
+    fresh_channel.set_ranks({0: [ROW]})
+    plain = ModelRunnerOutput(req_ids=[], req_id_to_index={})
+    wrapper = types.SimpleNamespace(model_runner_output=plain)
+    hooked(patch_worker.WorkerReportPatch(), step=lambda worker: wrapper).sample_tokens()
+    assert plain.radiance["ranks"] == {"0": [ROW]} and not hasattr(wrapper, "radiance")
+
+
+def test_the_wrapped_outputs_attributes_are_vllms_own():
+    import inspect
+
+    from vllm.v1.worker.gpu.async_utils import AsyncOutput
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
+
+    v2, v1 = inspect.getsource(AsyncOutput), inspect.getsource(AsyncGPUModelRunnerOutput)
+    assert "return self.model_runner_output" in v2 and "model_runner_output" in patch_worker._WRAPPED
+    assert "self._model_runner_output = model_runner_output" in v1 and "_model_runner_output" in patch_worker._WRAPPED
+
+
 def test_other_ranks_attach_nothing(fresh_channel, monkeypatch, hooked):
     monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: False)
     fresh_channel.set_ranks({0: [ROW]})
