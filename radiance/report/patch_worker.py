@@ -178,15 +178,17 @@ class WorkerReportPatch(Patch):
         return out
 
     def _attach(self, out) -> None:
-        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1 import outputs
 
         payload = channel.take_payload()
         if payload is not None:
             self._pending = channel.merge(self._pending, payload)
         if self._pending is None:
             return
-        target = _plain_output(out, ModelRunnerOutput)
-        if target is not None:
+        target = _plain_output(out, outputs.ModelRunnerOutput)
+        # vLLM returns one shared empty output for a step with nothing to run: a payload set on it would ride
+        # every later empty step too, so it waits for a step of its own
+        if target is not None and target is not getattr(outputs, "EMPTY_MODEL_RUNNER_OUTPUT", None):
             setattr(target, channel.FIELD, self._pending)
             self._pending = None
 

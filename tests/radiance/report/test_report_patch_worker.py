@@ -158,14 +158,25 @@ def test_an_async_output_stand_in_gets_it_on_the_plain_output_it_wraps(fresh_cha
 
 def test_model_runner_v2s_async_output_stand_in_gets_it_on_the_plain_output(fresh_channel, monkeypatch, hooked):
     """No GPU here to build V2's AsyncOutput (CUDA streams and events): a stand-in with its attribute, which
-    the next test holds to vLLM's own class. Every V2 step under async scheduling returns one, so without
-    this the ranks' rows never left a GPU engine."""
+    the next test holds to vLLM's own class. Every V2 step that runs the model returns one, so without this the
+    ranks' rows waited for a step with nothing scheduled (V2's only plain output) to leave a GPU engine."""
     monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: True)
     fresh_channel.set_ranks({0: [ROW]})
     plain = ModelRunnerOutput(req_ids=[], req_id_to_index={})
     wrapper = types.SimpleNamespace(model_runner_output=plain)
     hooked(patch_worker.WorkerReportPatch(), step=lambda worker: wrapper).sample_tokens()
     assert plain.radiance["ranks"] == {"0": [ROW]} and not hasattr(wrapper, "radiance")
+
+
+def test_vllms_shared_empty_output_is_never_written_the_payload_waits(fresh_channel, monkeypatch, hooked):
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
+
+    monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: True)
+    fresh_channel.set_ranks({0: [ROW]})
+    outputs = iter([EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput(req_ids=[], req_id_to_index={})])
+    worker = hooked(patch_worker.WorkerReportPatch(), step=lambda worker: next(outputs))
+    assert not hasattr(worker.execute_model(), "radiance")
+    assert worker.execute_model().radiance["ranks"] == {"0": [ROW]}
 
 
 def test_the_wrapped_outputs_attributes_are_vllms_own():
