@@ -69,6 +69,9 @@
 #     --engine-env dynamic_draft:RADIANCE_DRAFT_PIN_DEPTH=4 --vllm-arg cudagraph-metrics=true
 # (the last: vLLM's table of the graph each step replayed, FULL / PIECEWISE / NONE by token count, every ~10 s:
 # a depth the target or the drafter has no full graph for would show there, kept with the step lines)
+# No machine came that session (1306 s of failed starts). Fit to what is left after staging: with ~900 s the
+# above at --max-tokens 128 and the code-like profile alone (~37 s a set and round, 3 rounds + ~420 s of starts);
+# with ~550 s "stock,dynamic_draft" alone, the pinned set against stock; prose-like again once these agree.
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"
