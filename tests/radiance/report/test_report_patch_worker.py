@@ -147,23 +147,15 @@ def test_a_step_without_output_keeps_the_payload_for_the_next(fresh_channel, mon
     assert worker.execute_model().radiance == {"counters": [["c", {}, 1, "doc"], ["c", {}, 1, "doc"]]}
 
 
-def test_an_async_output_stand_in_gets_it_on_the_plain_output_it_wraps(fresh_channel, monkeypatch, hooked):
+@pytest.mark.parametrize("attr", ["_model_runner_output", "model_runner_output"], ids=["v1", "v2"])
+def test_an_async_output_stand_in_gets_it_on_the_plain_output_it_wraps(attr, fresh_channel, monkeypatch, hooked):
+    """No GPU here to build either runner's async output (CUDA streams and events): stand-ins with their
+    attribute, which the next test but one holds to vLLM's own classes. Every V2 step that runs the model returns
+    one, so without V2's name the ranks' rows waited for a step with nothing scheduled to leave a GPU engine."""
     monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: True)
     fresh_channel.set_ranks({0: [ROW]})
     plain = ModelRunnerOutput(req_ids=[], req_id_to_index={})
-    wrapper = types.SimpleNamespace(_model_runner_output=plain)
-    hooked(patch_worker.WorkerReportPatch(), step=lambda worker: wrapper).sample_tokens()
-    assert plain.radiance["ranks"] == {"0": [ROW]} and not hasattr(wrapper, "radiance")
-
-
-def test_model_runner_v2s_async_output_stand_in_gets_it_on_the_plain_output(fresh_channel, monkeypatch, hooked):
-    """No GPU here to build V2's AsyncOutput (CUDA streams and events): a stand-in with its attribute, which
-    the next test holds to vLLM's own class. Every V2 step that runs the model returns one, so without this the
-    ranks' rows waited for a step with nothing scheduled (V2's only plain output) to leave a GPU engine."""
-    monkeypatch.setattr(patch_worker, "_is_output_rank", lambda: True)
-    fresh_channel.set_ranks({0: [ROW]})
-    plain = ModelRunnerOutput(req_ids=[], req_id_to_index={})
-    wrapper = types.SimpleNamespace(model_runner_output=plain)
+    wrapper = types.SimpleNamespace(**{attr: plain})
     hooked(patch_worker.WorkerReportPatch(), step=lambda worker: wrapper).sample_tokens()
     assert plain.radiance["ranks"] == {"0": [ROW]} and not hasattr(wrapper, "radiance")
 
