@@ -72,6 +72,8 @@
 # No machine came that session (1306 s of failed starts). Fit to what is left after staging: with ~900 s the
 # above at --max-tokens 128 and the code-like profile alone (~37 s a set and round, 3 rounds + ~420 s of starts);
 # with ~550 s "stock,dynamic_draft" alone, the pinned set against stock; prose-like again once these agree.
+# Below ~450 s after staging measure nothing: that session's last 494 s got an H100, and one engine alone was
+# still loading at 262 s (the bench's start ~30 s, vLLM's engine core 2 min after it, then load and capture).
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"
