@@ -45,7 +45,7 @@ def _engine_env(items: tuple[str, ...], sets) -> tuple[dict[str, str], dict[str,
         common, per_set = plan.engine_env(pairs, sets)
     except ValueError as exc:
         raise errors.UsageError(f"--engine-env {exc}") from None
-    for extra in [common, *per_set.values()]:   # a bad knob would only decline a feature in the engine's log
+    for extra in [{}, *per_set.values()]:   # every engine's, then each set's: a bad knob would only decline a feature
         problems = envs.validate_all({**os.environ, **common, **extra})
         if problems:
             raise errors.UsageError(f"--engine-env: {problems[0]} — fix: correct its value (see radiance/envs.py)")
