@@ -10,10 +10,11 @@ by construction. Where the choice goes depends on the model runner:
   per step: the scheduler reads ``dynamic_sd_lookup[batch_size]`` into ``num_spec_tokens_to_schedule``, the
   runner drafts that many tokens, and the next step verifies that many; V2 captures full CUDA graphs for
   every depth its ``num_speculative_tokens_per_batch_size`` schedule can give, for the target's verification
-  and for the MTP speculator alike. The launcher writes a schedule naming every depth 1..k (so all are
-  captured), and this patch replaces the scheduler's lookup with the policy (``PolicyLookup``): a shallower
-  step saves the drafter's forwards *and* the verification's width. The gated-delta-net layers follow a
-  changing width there: their spec-decode convolution and recurrent state read the query's real length
+  and for the MTP speculator alike (vLLM files them so that a step between two capture sizes may miss its
+  depth's graph and run piecewise: patch_graphs.py widens that table). The launcher writes a schedule naming
+  every depth 1..k (so all are captured), and this patch replaces the scheduler's lookup with the policy
+  (``PolicyLookup``): a shallower step saves the drafter's forwards *and* the verification's width. The
+  gated-delta-net layers follow a changing width there: their spec-decode convolution and recurrent state read the query's real length
   (``query_start_loc``) and the previous step's accepted count, which V2 keeps per request.
 - **Model Runner V1** (the CPU runner; a GPU engine told ``VLLM_USE_V2_MODEL_RUNNER=0``). vLLM's schedule
   forces piecewise graphs there, so the depth rides the step's ``SchedulerOutput`` (``DEPTH_ATTR``) to the
@@ -38,9 +39,10 @@ import time
 
 from .. import envs
 from ..features import draft_depth_tiers
-from ..patching import Hooks, Patch
+from ..patching import Hooks, Patch, resolve
 from ..report import channel
 from .depth_policy import DepthPolicy
+from .patch_graphs import MANAGER, GraphHooks, GraphTable
 from .patch_runner import DEPTH_ATTR, RUNNER, VIA, RunnerHooks, SyntheticRates
 from .telemetry import DraftCounters
 
@@ -149,6 +151,7 @@ class DynamicDraftPatch(Patch):
         f"{_SCHED}.update_from_output",
         f"{RUNNER}.propose_draft_token_ids",
     )
+    optional_hook = f"{MANAGER}._init_candidates"   # Model Runner V2's graph table, widened where it exists
 
     def __init__(self) -> None:
         super().__init__()
@@ -160,6 +163,7 @@ class DynamicDraftPatch(Patch):
         self._verified = 0             # drafts the drafter made for the step now running (the rest padding)
         self._latch_sent = False
         self.synthetic = SyntheticRates()  # the runner's, under vLLM's synthetic sampler (patch_runner.py)
+        self.graphs = GraphTable()         # V2's CUDA-graph table (patch_graphs.py)
 
     def guard(self) -> str | None:
         try:
@@ -174,6 +178,11 @@ class DynamicDraftPatch(Patch):
         self.counters = DraftCounters()
         self.hook(SchedulerHooks)
         self.hook(RunnerHooks)
+        try:
+            resolve(self.optional_hook)
+        except LookupError:   # no Model Runner V2 in this vLLM: nothing of its to widen
+            return
+        self.hook(GraphHooks)
 
     def attach(self, scheduler) -> DepthPolicy | bool:
         """On the first step: the scheduler's policy, or a decline said once (False)."""
