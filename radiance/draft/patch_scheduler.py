@@ -14,8 +14,9 @@ by construction. Where the choice goes depends on the model runner:
   depth's graph and run piecewise: patch_graphs.py widens that table). The launcher writes a schedule naming
   every depth 1..k (so all are captured), and this patch replaces the scheduler's lookup with the policy
   (``PolicyLookup``): a shallower step saves the drafter's forwards *and* the verification's width. The
-  gated-delta-net layers follow a changing width there: their spec-decode convolution and recurrent state read the query's real length
-  (``query_start_loc``) and the previous step's accepted count, which V2 keeps per request.
+  gated-delta-net layers follow a changing width there: their spec-decode convolution and recurrent state
+  read the query's real length (``query_start_loc``) and the previous step's accepted count, which V2 keeps
+  per request.
 - **Model Runner V1** (the CPU runner; a GPU engine told ``VLLM_USE_V2_MODEL_RUNNER=0``). vLLM's schedule
   forces piecewise graphs there, so the depth rides the step's ``SchedulerOutput`` (``DEPTH_ATTR``) to the
   runner (patch_runner.py), which runs that many MTP forwards and pads the drafts to k: the target verifies
