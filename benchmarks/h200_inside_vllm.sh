@@ -74,6 +74,10 @@
 # with ~550 s "stock,dynamic_draft" alone, the pinned set against stock; prose-like again once these agree.
 # Below ~450 s after staging measure nothing: that session's last 494 s got an H100, and one engine alone was
 # still loading at 262 s (the bench's start ~30 s, vLLM's engine core 2 min after it, then load and capture).
+# Twenty-sixth session: V2's graph table sent some of dynamic-draft's tail steps piecewise (a step between two
+# capture sizes missed its depth's full graph); dynamic-draft now widens it (radiance/draft/patch_graphs.py), so
+# the pinned set above replays stock's graphs and measures the rest of the path. Same call, that tree's commit.
+# A machine can be taken back mid-call ("taken back for other work"): nothing of that call's $OUT comes back.
 set -uo pipefail
 step=$1 commit=$2
 OUT=${OUT:-/tmp/radiance-out}; mkdir -p "$OUT"

@@ -1,12 +1,13 @@
 """dynamic-draft's widening of Model Runner V2's CUDA-graph table: which graph a decode step replays, at
 every batch size and depth. The table and the dispatch are vLLM 0.32's own (``CudaGraphManager``'s
 ``_init_candidates`` and ``dispatch``); only the capture is left out (it needs a GPU), so the managers are
-built with the attributes those two read, at the capture sizes vLLM chose for the 27B profile (its engine
-log, twenty-third session) and the schedule the launcher writes."""
+built with the attributes those two read (``benchmarks/graph_misses.py``, which reads the benchmarks' step
+lines with the same table), at the 27B profile's capture sizes and the schedule the launcher writes."""
 from __future__ import annotations
 
+import json
 import logging
-import types
+from pathlib import Path
 
 import pytest
 
@@ -16,10 +17,16 @@ from radiance.draft.patch_scheduler import DynamicDraftPatch
 from radiance.features import draft_depth_tiers
 
 pytest.importorskip("vllm")
+ROOT = Path(__file__).resolve().parents[3]
 from vllm.config.compilation import CUDAGraphMode  # noqa: E402
 from vllm.v1.worker.gpu.cudagraph_utils import CudaGraphManager  # noqa: E402
 
-SIZES_27B = [1, 2, 4, 5, 8, 10, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160]   # max_num_seqs 32, k = 4
+from benchmarks.graph_misses import vllm_table  # noqa: E402  (the one builder of the table)
+from launcher.profile import load_profile  # noqa: E402
+
+SIZES_27B = json.loads(load_profile(ROOT / "profiles/qwen3.5-27b-dummy-tp1.yaml").vllm_args["compilation-config"]
+                       )["cudagraph_capture_sizes"]
+
 K = 4
 FULL, PIECEWISE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE
 
@@ -28,21 +35,8 @@ class Manager(CudaGraphManager):
     """vLLM's class, subclassed so that a test's hooks come off with the test."""
 
 
-def _manager(cls=CudaGraphManager, schedule=None, sizes=SIZES_27B, max_reqs=32,
-             mode=CUDAGraphMode.FULL_AND_PIECEWISE):
-    m = cls.__new__(cls)
-    spec = types.SimpleNamespace(num_speculative_tokens_per_batch_size=schedule,
-                                 uses_dynamic_speculative_decoding=lambda: bool(schedule))
-    m.vllm_config = types.SimpleNamespace(speculative_config=spec, num_speculative_tokens=K,
-                                          cache_config=types.SimpleNamespace(use_kda_recoverssm=False))
-    m.compilation_config = types.SimpleNamespace(cudagraph_capture_sizes=sizes,
-                                                 max_cudagraph_capture_size=max(sizes))
-    m.cudagraph_mode, m.max_num_reqs, m.decode_query_len = mode, max_reqs, K + 1
-    m.lora_capture_cases, m.varlen_decode, m.ubatch_runner = [0], False, None
-    m._candidates, m._capture_descs, m._lora_dispatch_map, m._max_lora_case = {}, {}, {}, 0
-    m._init_candidates()
-    m._graphs_captured = True   # what capture() sets once the graphs exist
-    return m
+def _manager(cls=None, schedule=None, mode=None):
+    return vllm_table(SIZES_27B, K, schedule, max_reqs=32, mode=mode, cls=cls)
 
 
 def _step(m, batch: int, depth: int):
