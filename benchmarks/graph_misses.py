@@ -13,8 +13,8 @@ the tree now does; without it, the table the report's commit ran (docs/benchmark
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -54,24 +54,13 @@ def decode_mode(table, requests: int, tokens: int) -> str:
     return str(table.dispatch(requests, tokens, q, 0, max_query_len=q).cg_mode.name)
 
 
+_STEP = re.compile(r"(\d+) context requests, \d+ context tokens, (\d+) generation requests, (\d+) generation tokens")
+
+
 def read_steps(lines) -> dict[str, list]:
     """Per set, its cells in order: (batch, acceptance label, [(context requests, generation requests,
     generation tokens)])."""
-    import re
-
-    step = re.compile(r"(\d+) context requests, \d+ context tokens, (\d+) generation requests, (\d+) generation tokens")
-    cells: dict[str, list] = {}
-    steps: list = []
-    for line in lines:
-        m = step_split._CELL.match(line)
-        if m:
-            cells.setdefault(m.group(1), []).append((int(m.group(2)), m.group(3), steps))
-            steps = []
-            continue
-        m = step.search(line)
-        if m:
-            steps.append(tuple(int(x) for x in m.groups()))
-    return cells
+    return step_split.read_cells(lines, step=_STEP, fields=(int, int, int))
 
 
 def misses(report: dict, cells: dict[str, list], widened: bool = False) -> list[dict]:
@@ -109,15 +98,7 @@ def misses(report: dict, cells: dict[str, list], widened: bool = False) -> list[
 
 
 def load(report_path: Path) -> tuple[dict, dict]:
-    report = json.loads(report_path.read_text())
-    cells: dict[str, list] = {}
-    for f in sorted(report_path.parent.glob(report_path.stem + ".steps-*.log.gz")):
-        with gzip.open(f, "rt") as fh:
-            for name, found in read_steps(fh).items():
-                cells.setdefault(name, []).extend(found)
-    if not cells:
-        raise ValueError(f"no step lines beside {report_path} ({report_path.stem}.steps-SET.log.gz)")
-    return report, cells
+    return step_split.load(report_path, read=read_steps)
 
 
 def main(argv=None) -> int:

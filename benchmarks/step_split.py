@@ -28,19 +28,20 @@ _STEP = re.compile(r"(\d+) context requests, \d+ context tokens, \d+ generation 
                    r"tokens, iteration elapsed time: ([\d.]+) ms")
 
 
-def read_cells(lines) -> dict[str, list[tuple[int, str | None, list[tuple[int, float]]]]]:
-    """Per set, its cells in the order measured: (batch, acceptance label, [(context requests, wait ms)])."""
+def read_cells(lines, step=_STEP, fields=(int, float)) -> dict[str, list[tuple[int, str | None, list[tuple]]]]:
+    """Per set, its cells in the order measured: (batch, acceptance label, [one tuple per step line]); each
+    tuple is ``step``'s groups read by ``fields`` (by default: context requests, wait ms)."""
     cells: dict[str, list] = {}
-    steps: list[tuple[int, float]] = []
+    steps: list[tuple] = []
     for line in lines:
         m = _CELL.match(line)
         if m:
             cells.setdefault(m.group(1), []).append((int(m.group(2)), m.group(3), steps))
             steps = []
             continue
-        m = _STEP.search(line)
+        m = step.search(line)
         if m:
-            steps.append((int(m.group(1)), float(m.group(2))))
+            steps.append(tuple(f(g) for f, g in zip(fields, m.groups())))
     return cells
 
 
@@ -82,12 +83,13 @@ def split(report: dict, cells: dict[str, list]) -> list[dict]:
     return rows
 
 
-def load(report_path: Path) -> tuple[dict, dict]:
+def load(report_path: Path, read=read_cells) -> tuple[dict, dict]:
+    """The report and, per set, its cells from the step lines beside it (``read``: how a log's lines become cells)."""
     report = json.loads(report_path.read_text())
     cells: dict[str, list] = {}
     for f in sorted(report_path.parent.glob(report_path.stem + ".steps-*.log.gz")):
         with gzip.open(f, "rt") as fh:
-            for name, found in read_cells(fh).items():
+            for name, found in read(fh).items():
                 cells.setdefault(name, []).extend(found)
     if not cells:
         raise ValueError(f"no step lines beside {report_path} ({report_path.stem}.steps-SET.log.gz)")
