@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:   # run as a script: the repository's root, for it
 
 from benchmarks import step_split  # noqa: E402
 
+
 def vllm_table(capture_sizes, k: int, schedule=None, max_reqs: int = 32, mode=None, cls=None):
     """vLLM's ``CudaGraphManager`` (or ``cls``, a subclass) with its candidate table built, as after capture.
     ``schedule``: vLLM's ``num_speculative_tokens_per_batch_size`` (None: one depth, k)."""
@@ -51,7 +52,7 @@ def vllm_table(capture_sizes, k: int, schedule=None, max_reqs: int = 32, mode=No
 def decode_mode(table, requests: int, tokens: int) -> str:
     """The graph mode V2 replays for an all-decode step (a uniform query length when tokens divide)."""
     q = tokens // requests if tokens % requests == 0 else None
-    return str(table.dispatch(requests, tokens, q, 0, max_query_len=q).cg_mode.name)
+    return table.dispatch(requests, tokens, q, 0, max_query_len=q).cg_mode.name
 
 
 _STEP = re.compile(r"(\d+) context requests, \d+ context tokens, (\d+) generation requests, (\d+) generation tokens")
@@ -65,7 +66,7 @@ def read_steps(lines) -> dict[str, list]:
 
 def misses(report: dict, cells: dict[str, list], widened: bool = False) -> list[dict]:
     """One row per set, acceptance and batch: the timed runs' decode steps, and those without a full graph."""
-    from radiance.draft.patch_graphs import full_graphs, widen
+    from radiance.draft.patch_graphs import GraphTable
     from radiance.features import draft_depth_tiers
 
     args = report.get("vllm_args", {})
@@ -81,8 +82,7 @@ def misses(report: dict, cells: dict[str, list], widened: bool = False) -> list[
         dynamic = "dynamic_draft" in s.get("features", [])
         table = vllm_table(sizes, k, draft_depth_tiers(k) if dynamic else None, max_reqs)
         if widened and dynamic:
-            table._candidates = {key: list(d) for key, d in table._candidates.items()}
-            widen(table._candidates, full_graphs(table))
+            GraphTable().widen_manager(table)   # what the patch does to the engine's table
         acc: dict[tuple, list[int]] = {}
         for batch, label, steps in cells.get(s["set"], []):
             decode = [(r, t) for ctx, r, t in step_split.timed_run(steps) if ctx == 0 and r > 0]

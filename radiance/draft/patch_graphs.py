@@ -43,7 +43,6 @@ def widen(candidates: dict, full_descs: list) -> int:
     for d in sorted(full_descs, key=lambda d: d.num_tokens):
         if d.uniform_token_count:
             by_shape.setdefault((d.uniform_token_count, d.num_active_loras, d.num_ubatches), []).append(d)
-    sizes = {shape: [d.num_tokens for d in graphs] for shape, graphs in by_shape.items()}
     added = 0
     for (num_tokens, loras), descs in candidates.items():
         full_at = [i for i, d in enumerate(descs) if d in full_set]
@@ -52,7 +51,7 @@ def widen(candidates: dict, full_descs: list) -> int:
         for (count, shape_loras, ubatches), graphs in by_shape.items():
             if shape_loras != loras or (count, ubatches) in have:
                 continue
-            i = bisect_left(sizes[(count, shape_loras, ubatches)], num_tokens)
+            i = bisect_left(graphs, num_tokens, key=lambda d: d.num_tokens)
             if i < len(graphs):
                 extra.append(graphs[i])
         if extra:
